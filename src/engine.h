@@ -1,0 +1,45 @@
+// An engine runs the model: the CPU path (fp32, OpenMP) or the GPU path (fused kernels, or the
+// unfused reference ops with --reference). Every engine keeps a KV cache, so the same call
+// serves a full forward (validate), a prefill (the prompt) and one decode step (one token).
+#pragma once
+
+#include "model.h"
+
+typedef enum {
+    BACKEND_AUTO,           // the GPU when one is usable, else the CPU (with a note)
+    BACKEND_CPU,
+    BACKEND_GPU,            // fused kernels
+    BACKEND_GPU_REFERENCE,  // unfused ops: LayerNorm kernel, cuBLAS, GELU, softmax, residual
+} Backend;
+
+typedef struct {
+    Backend backend;
+    int require_gpu;  // with BACKEND_AUTO: no usable GPU is an error instead of a fallback
+    DType dtype;      // compute type on the GPU; the CPU path always computes in fp32
+    int max_batch;    // sequences run side by side
+    int max_seq;      // positions the KV cache holds (<= max_seq_len)
+} EngineOptions;
+
+typedef struct Engine Engine;
+
+struct Engine {
+    const char *name;  // "cpu", "gpu", "gpu-reference": for reports
+    GPT2Config config;
+    DType dtype;
+    int max_batch, max_seq;
+    void *impl;
+    // Runs B sequences of T new tokens each, at positions [pos, pos + T), appending their keys and
+    // values to the cache (positions before pos must be there already). tokens: [B, T].
+    // logits (host, fp32): [B, T, V] if all_positions, else [B, V] for each sequence's last token.
+    int (*forward)(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
+                   Error *err);
+    void (*free)(Engine *e);
+};
+
+// Builds the engine the options ask for. With BACKEND_AUTO and no usable GPU it builds the CPU
+// engine and prints a one-line note on stderr.
+Engine *engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err);
+void engine_free(Engine *e);
+
+// The CPU engine (cpu_engine.c).
+Engine *cpu_engine_create(const GPT2Model *model, int max_batch, int max_seq, Error *err);
