@@ -3,6 +3,7 @@
 // to hold exactly the tensors the header promises.
 #include "model.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -147,7 +148,15 @@ int gpt2_model_load(GPT2Model *m, const char *path, Error *err) {
         char file[1100];
         snprintf(file, sizeof(file), "%s/model.safetensors", path);
         if (access(file, R_OK) == 0) return safetensors_load_gpt2(m, file, err);
-        return fail(err, "%s: directory holds no model.safetensors", path);
+        DIR *dir = opendir(path);
+        if (!dir) return fail(err, "%s: cannot open: %s", path, strerror(errno));
+        int bins = 0;
+        for (struct dirent *e; (e = readdir(dir));)
+            if (ends_with(e->d_name, ".bin") && bins++ == 0) snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
+        closedir(dir);
+        if (bins == 1) return gpt2_model_load_llmc(m, file, err);
+        if (bins > 1) return fail(err, "%s: directory holds %d .bin files and no model.safetensors: name one", path, bins);
+        return fail(err, "%s: directory holds no model.safetensors and no .bin", path);
     }
     if (ends_with(path, ".safetensors")) return safetensors_load_gpt2(m, path, err);
     return gpt2_model_load_llmc(m, path, err);
