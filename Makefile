@@ -11,6 +11,7 @@ CC        := gcc
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
 SANITIZE  ?= 0
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 
 ifeq ($(SANITIZE),1)
   GPU    := 0

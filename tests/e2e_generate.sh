@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# ./gpt2 -p on the CPU path: streaming output, determinism, batching, and the errors a user meets.
+source "$(dirname "$0")/lib.sh"
+PY=$(torch_python) || { skip e2e_generate "no Python with PyTorch (apt-get install python3-torch)"; exit 0; }
+dir="$GPT2_TMP/e2e_generate"
+mkdir -p "$dir"
+m="$dir/tiny.bin"
+$PY scripts/make_model.py --out "$m" --layers 2 --channels 64 --heads 4 --max-seq 48 --std 0.3 --seed 11 2>/dev/null ||
+    { fail generate_model "make_model.py failed"; exit 0; }
+g() { "$GPT2_BIN" -m "$m" --cpu "$@"; }
+
+out=$(g -p "Hello world" -n 8 --temp 0 2>/dev/null)
+case "$out" in "Hello world"?*) pass generate_streams_prompt_then_text ;;
+    *) fail generate_streams_prompt_then_text "stdout was '$out'" ;; esac
+ids=$(g -p "Hello world" -n 8 --temp 0 --ids 2>/dev/null)
+set -- $ids
+[ "$1 $2" = "15496 995" ] && [ $# -eq 10 ]; check generate_ids_prompt_then_8_new $? "got '$ids'"
+[ "$(g -p "Hello world" -n 8 --temp 0 --ids 2>/dev/null)" = "$ids" ]; check generate_greedy_deterministic $? "two greedy runs differ"
+a=$(g -p "The" -n 12 -s 42 --ids 2>/dev/null); b=$(g -p "The" -n 12 -s 42 --ids 2>/dev/null); c=$(g -p "The" -n 12 -s 43 --ids 2>/dev/null)
+[ "$a" = "$b" ] && [ "$a" != "$c" ]; check generate_seed_reproducible $? "seed 42: '$a' / '$b'; seed 43: '$c'"
+[ "$(g -p "" -n 5 --temp 0 --ids 2>/dev/null | wc -w)" -eq 5 ]; check generate_unconditional $? "empty prompt should give 5 new ids"
+n=$(g -p "Hi" -n 100 --temp 0 --ignore-eos --ids 2>"$dir/clip.err" | wc -w)
+[ "$n" -eq 48 ] && grep -q "context length of 48" "$dir/clip.err"; check generate_stops_at_context $? "got $n ids; stderr: $(cat "$dir/clip.err")"
+batch=$(g -p "Hello" -n 6 --temp 0 -b 3 --ids 2>/dev/null)
+[ "$(echo "$batch" | wc -l)" -eq 3 ] && [ "$(echo "$batch" | sort -u | wc -l)" -eq 1 ] &&
+    [ "$(echo "$batch" | head -n 1)" = "$(g -p "Hello" -n 6 --temp 0 --ids 2>/dev/null)" ]
+check generate_batch_of_three_greedy $? "got: $batch"
+summary=$(g -p "Hello" -n 4 2>&1 >/dev/null)
+echo "$summary" | grep -q "prefill" && echo "$summary" | grep -q "tokens/s"; check generate_summary_on_stderr $? "$summary"
+echo "Hello from stdin" | g -p - -n 2 --temp 0 2>/dev/null | grep -q "^Hello from stdin"; check generate_prompt_from_stdin $? "stdin prompt not echoed"
+
+long=$(printf 'word %.0s' $(seq 60))
+expect_error generate_prompt_too_long "context is 48" g -p "$long"
+expect_error generate_bad_flag_value "-n: 'abc' is not an integer" g -n abc
+expect_error generate_bad_top_p "--top-p" g --top-p 1.5
+expect_error generate_unknown_flag "unknown argument '--frobnicate'" g --frobnicate
+expect_error generate_missing_model "make download" "$GPT2_BIN" -m "$dir/nope.bin" -p hi
+expect_error generate_bad_dtype "--dtype: 'fp64'" g --dtype fp64
+exit 0
