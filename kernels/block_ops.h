@@ -1,0 +1,99 @@
+// The per-block op table and the state every op works on. The GPU engine (gpu_engine.cu) owns one
+// GpuState: the weights on the device, the LayerNorm-folded vectors, the KV cache and the
+// activation buffers. Its forward loop is the same for every table:
+//
+//   embedding(tokens) -> x                                  (shared kernel, not in the table)
+//   for each layer l:
+//       ops->attn_in(l)     x -> q (table's own layout), k/v into the cache at pos..pos+T-1
+//       ops->attention(l)   q, cache -> atty [M, C]
+//       ops->attn_out(l)    x += atty @ attprojw^T + attprojb
+//       ops->mlp_in(l)      h [M, 4C] = gelu(ln2(x) @ fcw^T + fcb)
+//       ops->mlp_out(l)     x += h @ fcprojw^T + fcprojb
+//   ops->logits             lnf(x) @ wte^T -> logits [rows, V] fp32
+//
+// M = B*T rows, row b*T + t. The contract between ops is only these buffers: x (fp32 [M, C]),
+// atty ([M, C], compute dtype), h ([M, 4C], compute dtype), the cache, logits. q's layout belongs
+// to the table (reference: [B, NH, T, HS]; fused: [M, C]), so a table's attn_in and attention go
+// together. A new table (kernels/ops_fused.cu) is a BlockOps value and nothing else; the loop and
+// the buffers do not change.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "gpu_engine.h"
+
+// One layer's parameters on the device. Matrices in the compute dtype (a `void *` that is float or
+// __nv_bfloat16); LayerNorm gamma/beta and biases always fp32.
+typedef struct {
+    const float *ln1w, *ln1b;   // [C]
+    const void *qkvw;           // [3C, C] rows q | k | v
+    const float *qkvb;          // [3C]
+    const void *attprojw;       // [C, C]
+    const float *attprojb;      // [C]
+    const float *ln2w, *ln2b;   // [C]
+    const void *fcw;            // [4C, C]
+    const float *fcb;           // [4C]
+    const void *fcprojw;        // [C, 4C]
+    const float *fcprojb;       // [C]
+    // LayerNorm folded into the following Linear (docs/DESIGN.md), fp32, from the weights exactly
+    // as stored on the device (bf16-rounded when bf16):
+    //   s_n = sum_k W_nk gamma_k,  b'_n = sum_k W_nk beta_k + b_n
+    const float *qkv_s, *qkv_b;  // [3C]  ln1 -> qkv
+    const float *fc_s, *fc_b;    // [4C]  ln2 -> fc
+    // This layer's KV cache: [max_batch][NH][max_seq][HS] each, compute dtype. Position p of head
+    // h of sequence b is at ((b * NH + h) * max_seq + p) * HS.
+    void *k_cache, *v_cache;
+} GpuLayer;
+
+typedef struct GpuState {
+    // Shapes
+    int L, C, NH, HS, V, Vp, maxT;  // model (Vp: wte rows; only V logits are computed)
+    int max_batch, max_seq;         // what the cache and activations are sized for
+    DType dtype;                    // compute dtype of matrices, cache, ln/atty/h buffers
+    cudaStream_t stream;            // every op runs on this stream
+    cublasHandle_t cublas;          // bound to stream; fp32: CUBLAS_DEFAULT_MATH (no TF32)
+
+    // Weights
+    const void *wte;             // [Vp, C] dtype, tied to the logits
+    const void *wpe;             // [maxT, C] dtype
+    const float *lnfw, *lnfb;    // [C]
+    const float *lnf_s, *lnf_b;  // [Vp] folded lnf -> logits (s_n = sum_k wte_nk lnfw_k, b'_n = sum_k wte_nk lnfb_k)
+    GpuLayer *layers;            // [L], host array of device pointers
+
+    // Activations, sized for max_batch * max_seq rows (R)
+    int *tokens;          // [R]
+    float *x;             // [R, C] fp32 residual stream
+    void *q;              // [R, C] dtype: queries, layout owned by the table
+    void *atty;           // [R, C] dtype: attention output, rows, heads side by side
+    void *h;              // [R, 4C] dtype: MLP hidden after GELU
+    // Only when the table sets unfused_buffers (else NULL):
+    void *ln;             // [R, C] dtype: LayerNorm output
+    float *scratch;       // [R, 4C] fp32: matmul outputs before bias / activation
+    float *att;           // [max_batch * NH, max_seq, max_seq] fp32 attention scores
+    void *att_p;          // same shape, dtype: probabilities (== att when fp32: softmax in place)
+    float *logits;        // [R, V] fp32
+} GpuState;
+
+// One forward call's shape: B sequences of T new tokens at positions [pos, pos + T).
+typedef struct {
+    int B, T, pos;
+    int M;  // B * T
+} GpuStep;
+
+// Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.
+typedef struct {
+    const char *name;     // the Engine's name: "gpu", "gpu-reference"
+    int unfused_buffers;  // 1: allocate ln, scratch, att, att_p (the reference needs them)
+    int (*attn_in)(GpuState *s, const GpuStep *st, int l, Error *err);
+    int (*attention)(GpuState *s, const GpuStep *st, int l, Error *err);
+    int (*attn_out)(GpuState *s, const GpuStep *st, int l, Error *err);
+    int (*mlp_in)(GpuState *s, const GpuStep *st, int l, Error *err);
+    int (*mlp_out)(GpuState *s, const GpuStep *st, int l, Error *err);
+    // lnf + wte^T into s->logits: rows b*T + t for all positions, or one row b per sequence (its
+    // last token, row b*T + T-1 of x) when !all_positions. Row stride V.
+    int (*logits)(GpuState *s, const GpuStep *st, int all_positions, Error *err);
+} BlockOps;
+
+extern const BlockOps reference_ops;  // ops_reference.cu
+extern const BlockOps fused_ops;      // ops_fused.cu (issue 5); gpu_engine.cu references it weakly

@@ -1,0 +1,23 @@
+// Embedding: x[b*T + t] = wte[token] + wpe[pos + t], the fp32 residual stream at the start of the
+// forward. Shared by every op table (it sits before the blocks). One block per row.
+#include "kernel_util.h"
+#include "reference_kernels.h"
+
+template <typename T>
+__global__ void embedding_kernel(float *__restrict__ x, const int *__restrict__ tokens, const T *__restrict__ wte,
+                                 const T *__restrict__ wpe, int T_, int pos, int C) {
+    int row = blockIdx.x;
+    int t = row % T_;
+    const T *we = wte + (size_t)tokens[row] * C;
+    const T *pe = wpe + (size_t)(pos + t) * C;
+    float *out = x + (size_t)row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) out[c] = to_f32(we[c]) + to_f32(pe[c]);
+}
+
+cudaError_t embedding_forward(float *x, const int *tokens, const void *wte, const void *wpe, int M, int T, int pos,
+                              int C, DType dt, cudaStream_t stream) {
+    int threads = C >= 256 ? 256 : ((C + 31) / 32) * 32;
+    DISPATCH_DTYPE(dt, E, embedding_kernel<E><<<M, threads, 0, stream>>>(x, tokens, (const E *)wte, (const E *)wpe, T,
+                                                                            pos, C));
+    return cudaGetLastError();
+}

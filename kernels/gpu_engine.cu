@@ -1,0 +1,331 @@
+// The GPU engine: one upload of the model, one set of buffers, one forward loop. The loop calls a
+// per-block op table (BlockOps) chosen once here: the fused kernels for BACKEND_GPU, the reference
+// ops for BACKEND_GPU_REFERENCE. Everything an op needs lives in GpuState (block_ops.h).
+//
+// Device memory, three allocations, reported at creation:
+//   weights      matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw) in the compute dtype, LayerNorm
+//                parameters and biases in fp32, and the LayerNorm-folded vectors s and b'
+//   KV cache     K and V, each [L][max_batch][NH][max_seq][HS] in the compute dtype
+//   activations  buffers for max_batch * max_seq rows (a full-context prefill of every sequence)
+#include <math.h>
+
+#include "block_ops.h"
+#include "cuda_check.h"
+#include "reference_kernels.h"
+
+// The fused table is linked in when kernels/ops_fused.cu exists; until then its address is NULL.
+extern const BlockOps fused_ops __attribute__((weak));
+
+typedef struct {
+    GpuState s;
+    const BlockOps *ops;
+    void *weights, *cache, *acts;       // the three allocations
+    size_t weight_bytes, cache_bytes, act_bytes;
+    float *host_trace;                  // [R, C] for gpu_engine_forward_trace, allocated on first use
+} GpuEngine;
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// ----------------------------------------------------------------------------
+// Availability
+
+extern "C" int gpu_available(Error *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail(err, "%s", cudaGetErrorString(e)), 0;
+    }
+    if (n == 0) return fail(err, "no CUDA device"), 0;
+    cudaDeviceProp p;
+    e = cudaGetDeviceProperties(&p, 0);
+    if (e != cudaSuccess) return fail(err, "%s", cudaGetErrorString(e)), 0;
+    if (p.major < 8)
+        return fail(err, "%s has compute capability %d.%d; this build needs 8.0 or newer", p.name, p.major, p.minor),
+               0;
+    return 1;
+}
+
+extern "C" int gpu_have_fused(void) { return &fused_ops != NULL; }
+
+// ----------------------------------------------------------------------------
+// Upload
+
+// Copies n elements of a host tensor of type src_t into device memory of type dst_t, converting
+// through `staging` (stage_bytes) when the types differ.
+static int upload(void *dst, DType dst_t, const void *src, DType src_t, size_t n, void *staging, size_t stage_bytes,
+                  cudaStream_t stream, Error *err) {
+    if (dst_t == src_t) {
+        CUDA_TRY(cudaMemcpyAsync(dst, src, n * dtype_size(src_t), cudaMemcpyHostToDevice, stream));
+        return 0;
+    }
+    size_t chunk = stage_bytes / dtype_size(src_t);
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t m = n - i < chunk ? n - i : chunk;
+        CUDA_TRY(cudaMemcpyAsync(staging, (const char *)src + i * dtype_size(src_t), m * dtype_size(src_t),
+                                 cudaMemcpyHostToDevice, stream));
+        CUDA_TRY(convert_dtype((char *)dst + i * dtype_size(dst_t), dst_t, staging, src_t, m, stream));
+    }
+    return 0;
+}
+
+static int is_matrix(int p) {
+    return p == PARAM_WTE || p == PARAM_WPE || p == PARAM_QKVW || p == PARAM_ATTPROJW || p == PARAM_FCW ||
+           p == PARAM_FCPROJW;
+}
+
+// Allocates and fills the weights allocation; lays the pointers into s.
+static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
+    GpuState *s = &g->s;
+    DType dt = s->dtype;
+    size_t off[NUM_PARAMS], total = 0;
+    for (int p = 0; p < NUM_PARAMS; p++) {
+        off[p] = total;
+        total += align256(m->param_counts[p] * (is_matrix(p) ? dtype_size(dt) : sizeof(float)));
+    }
+    size_t L = (size_t)s->L, C = (size_t)s->C;
+    size_t folded_off = total;
+    size_t folded_floats = L * (2 * 3 * C + 2 * 4 * C) + 2 * (size_t)s->Vp;
+    total += align256(folded_floats * sizeof(float));
+    if (gpu_alloc(&g->weights, total, "the weights", err)) return -1;
+    g->weight_bytes = total;
+
+    char *base = (char *)g->weights;
+    size_t stage_bytes = 0;
+    void *staging = NULL;
+    int convert = 0;
+    for (int p = 0; p < NUM_PARAMS; p++) convert |= (is_matrix(p) ? dt : DTYPE_F32) != m->dtype;
+    if (convert) {
+        stage_bytes = (size_t)64 << 20;
+        if (gpu_alloc(&staging, stage_bytes, "the upload staging buffer", err)) return -1;
+    }
+    int rc = 0;
+    for (int p = 0; p < NUM_PARAMS && rc == 0; p++)
+        rc = upload(base + off[p], is_matrix(p) ? dt : DTYPE_F32, m->params[p], m->dtype, m->param_counts[p], staging,
+                    stage_bytes, s->stream, err);
+    if (rc == 0 && staging) {
+        // The staging buffer is reused chunk after chunk in stream order; wait before freeing it.
+        cudaError_t e = cudaStreamSynchronize(s->stream);
+        if (e != cudaSuccess) rc = cuda_fail(err, e, "cudaStreamSynchronize (upload)", __FILE__, __LINE__);
+    }
+    if (staging) CUDA_WARN(cudaFree(staging));
+    if (rc) return rc;
+
+    size_t ds = dtype_size(dt);
+    s->wte = base + off[PARAM_WTE];
+    s->wpe = base + off[PARAM_WPE];
+    s->lnfw = (const float *)(base + off[PARAM_LNFW]);
+    s->lnfb = (const float *)(base + off[PARAM_LNFB]);
+    float *folded = (float *)(base + folded_off);
+    for (size_t l = 0; l < L; l++) {
+        GpuLayer *ly = &s->layers[l];
+        ly->ln1w = (const float *)(base + off[PARAM_LN1W]) + l * C;
+        ly->ln1b = (const float *)(base + off[PARAM_LN1B]) + l * C;
+        ly->qkvw = base + off[PARAM_QKVW] + l * 3 * C * C * ds;
+        ly->qkvb = (const float *)(base + off[PARAM_QKVB]) + l * 3 * C;
+        ly->attprojw = base + off[PARAM_ATTPROJW] + l * C * C * ds;
+        ly->attprojb = (const float *)(base + off[PARAM_ATTPROJB]) + l * C;
+        ly->ln2w = (const float *)(base + off[PARAM_LN2W]) + l * C;
+        ly->ln2b = (const float *)(base + off[PARAM_LN2B]) + l * C;
+        ly->fcw = base + off[PARAM_FCW] + l * 4 * C * C * ds;
+        ly->fcb = (const float *)(base + off[PARAM_FCB]) + l * 4 * C;
+        ly->fcprojw = base + off[PARAM_FCPROJW] + l * 4 * C * C * ds;
+        ly->fcprojb = (const float *)(base + off[PARAM_FCPROJB]) + l * C;
+        float *f = folded + l * 14 * C;
+        ly->qkv_s = f;
+        ly->qkv_b = f + 3 * C;
+        ly->fc_s = f + 6 * C;
+        ly->fc_b = f + 10 * C;
+        CUDA_TRY(ln_fold(f, f + 3 * C, ly->qkvw, ly->ln1w, ly->ln1b, ly->qkvb, 3 * s->C, s->C, dt, s->stream));
+        CUDA_TRY(ln_fold(f + 6 * C, f + 10 * C, ly->fcw, ly->ln2w, ly->ln2b, ly->fcb, 4 * s->C, s->C, dt, s->stream));
+    }
+    float *lf = folded + L * 14 * C;
+    s->lnf_s = lf;
+    s->lnf_b = lf + s->Vp;
+    CUDA_TRY(ln_fold(lf, lf + s->Vp, s->wte, s->lnfw, s->lnfb, NULL, s->Vp, s->C, dt, s->stream));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// KV cache and activations
+
+static int alloc_cache(GpuEngine *g, Error *err) {
+    GpuState *s = &g->s;
+    size_t per = (size_t)s->max_batch * s->NH * s->max_seq * s->HS * dtype_size(s->dtype);  // one layer's K
+    g->cache_bytes = 2 * (size_t)s->L * per;
+    if (gpu_alloc(&g->cache, g->cache_bytes, "the KV cache", err)) return -1;
+    for (int l = 0; l < s->L; l++) {
+        s->layers[l].k_cache = (char *)g->cache + (size_t)l * per;
+        s->layers[l].v_cache = (char *)g->cache + ((size_t)s->L + l) * per;
+    }
+    return 0;
+}
+
+// Lays the activation buffers out in one allocation (base NULL: only counts the bytes).
+static size_t layout_acts(GpuEngine *g, char *base) {
+    GpuState *s = &g->s;
+    size_t R = (size_t)s->max_batch * s->max_seq, C = (size_t)s->C, ds = dtype_size(s->dtype);
+    size_t att = (size_t)s->max_batch * s->NH * s->max_seq * s->max_seq;
+    size_t off = 0;
+#define TAKE(ptr, type, bytes) (ptr = (type)(base ? base + off : NULL), off += align256(bytes))
+    TAKE(s->tokens, int *, R * sizeof(int));
+    TAKE(s->x, float *, R * C * sizeof(float));
+    TAKE(s->q, void *, R * C * ds);
+    TAKE(s->atty, void *, R * C * ds);
+    TAKE(s->h, void *, R * 4 * C * ds);
+    TAKE(s->logits, float *, R * s->V * sizeof(float));
+    s->ln = s->att_p = NULL;
+    s->scratch = s->att = NULL;
+    if (g->ops->unfused_buffers) {
+        TAKE(s->ln, void *, R * C * ds);
+        TAKE(s->scratch, float *, R * 4 * C * sizeof(float));
+        TAKE(s->att, float *, att * sizeof(float));
+        if (s->dtype == DTYPE_F32) s->att_p = s->att;
+        else TAKE(s->att_p, void *, att * ds);
+    }
+#undef TAKE
+    return off;
+}
+
+static int alloc_acts(GpuEngine *g, Error *err) {
+    g->act_bytes = layout_acts(g, NULL);
+    if (gpu_alloc(&g->acts, g->act_bytes, "the activations", err)) return -1;
+    layout_acts(g, (char *)g->acts);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Forward
+
+static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
+                            GpuTraceFn trace, void *user, Error *err) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    GpuState *s = &g->s;
+    if (B < 1 || B > s->max_batch) return fail(err, "batch %d is outside 1..%d (the engine's max batch)", B, s->max_batch);
+    if (T < 1 || pos < 0 || pos + T > s->max_seq)
+        return fail(err, "positions %d..%d are outside the context of %d", pos, pos + T - 1, s->max_seq);
+    for (int i = 0; i < B * T; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->V)
+            return fail(err, "token %d at index %d is outside the vocabulary 0..%d", tokens[i], i, s->V - 1);
+    GpuStep st = {B, T, pos, B * T};
+    const BlockOps *ops = g->ops;
+    cudaStream_t stream = s->stream;
+
+    CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
+    CUDA_TRY(embedding_forward(s->x, s->tokens, s->wte, s->wpe, st.M, T, pos, s->C, s->dtype, stream));
+    for (int l = -1; l < s->L; l++) {
+        if (l >= 0) {
+            if (ops->attn_in(s, &st, l, err) || ops->attention(s, &st, l, err) || ops->attn_out(s, &st, l, err) ||
+                ops->mlp_in(s, &st, l, err) || ops->mlp_out(s, &st, l, err))
+                return -1;
+        }
+        if (trace) {
+            if (!g->host_trace) g->host_trace = (float *)xmalloc((size_t)s->max_batch * s->max_seq * s->C * sizeof(float));
+            CUDA_TRY(cudaMemcpyAsync(g->host_trace, s->x, (size_t)st.M * s->C * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream));
+            CUDA_TRY(cudaStreamSynchronize(stream));
+            trace(user, l, g->host_trace, B, T, s->C);
+        }
+    }
+    if (ops->logits(s, &st, all_positions, err)) return -1;
+    size_t rows = all_positions ? (size_t)st.M : (size_t)B;
+    CUDA_TRY(cudaMemcpyAsync(logits, s->logits, rows * s->V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_TRY(cudaStreamSynchronize(stream));
+    return 0;
+}
+
+static int gpu_forward(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
+                       Error *err) {
+    return gpu_forward_impl(e, tokens, B, T, pos, logits, all_positions, NULL, NULL, err);
+}
+
+extern "C" int gpu_engine_forward_trace(Engine *e, const int *tokens, int B, int T, int pos, float *logits,
+                                        int all_positions, GpuTraceFn trace, void *user, Error *err) {
+    if (e->forward != gpu_forward) return fail(err, "forward_trace needs a GPU engine, not %s", e->name);
+    return gpu_forward_impl(e, tokens, B, T, pos, logits, all_positions, trace, user, err);
+}
+
+// ----------------------------------------------------------------------------
+// Creation and teardown
+
+static void gpu_engine_destroy(Engine *e) {
+    if (!e) return;
+    GpuEngine *g = (GpuEngine *)e->impl;
+    if (g) {
+        if (g->s.stream) CUDA_WARN(cudaStreamSynchronize(g->s.stream));
+        if (g->s.cublas) cublasDestroy(g->s.cublas);
+        if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
+        if (g->acts) CUDA_WARN(cudaFree(g->acts));
+        if (g->cache) CUDA_WARN(cudaFree(g->cache));
+        if (g->weights) CUDA_WARN(cudaFree(g->weights));
+        free(g->s.layers);
+        free(g->host_trace);
+        free(g);
+    }
+    free(e);
+}
+
+static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const EngineOptions *opt, Error *err) {
+    GpuState *s = &g->s;
+    const GPT2Config *c = &m->config;
+    if (opt->backend == BACKEND_GPU_REFERENCE) {
+        g->ops = &reference_ops;
+    } else if (gpu_have_fused()) {
+        g->ops = &fused_ops;
+    } else {
+        return fail(err, "the fused GPU path is not built yet (kernels/ops_fused.cu); use --reference");
+    }
+    s->L = c->num_layers;
+    s->C = c->channels;
+    s->NH = c->num_heads;
+    s->HS = c->channels / c->num_heads;
+    s->V = c->vocab_size;
+    s->Vp = c->padded_vocab_size;
+    s->maxT = c->max_seq_len;
+    s->dtype = opt->dtype;
+    s->max_batch = opt->max_batch > 0 ? opt->max_batch : 1;
+    s->max_seq = opt->max_seq > 0 ? opt->max_seq : c->max_seq_len;
+    if (s->max_seq > c->max_seq_len)
+        return fail(err, "context %d is longer than the model's %d positions", s->max_seq, c->max_seq_len);
+    if ((size_t)s->max_batch * s->max_seq > (size_t)1 << 30)
+        return fail(err, "batch %d x context %d is too many rows", s->max_batch, s->max_seq);
+    s->layers = (GpuLayer *)xcalloc((size_t)s->L, sizeof(GpuLayer));
+
+    CUDA_TRY(cudaSetDevice(0));
+    CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CUBLAS_TRY(cublasCreate(&s->cublas));
+    CUBLAS_TRY(cublasSetStream(s->cublas, s->stream));
+    // CUBLAS_COMPUTE_32F with the default math mode: fp32 stays fp32 (no TF32 shortcut).
+    CUBLAS_TRY(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
+
+    if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+
+    cudaDeviceProp p;
+    CUDA_TRY(cudaGetDeviceProperties(&p, 0));
+    fprintf(stderr,
+            "gpu: %s, %s %s: weights %.1f MiB, KV cache %.1f MiB (batch %d x %d positions), activations %.1f MiB\n",
+            p.name, g->ops->name, dtype_name(s->dtype), g->weight_bytes / 1048576.0, g->cache_bytes / 1048576.0,
+            s->max_batch, s->max_seq, g->act_bytes / 1048576.0);
+
+    e->name = g->ops->name;
+    e->config = *c;
+    e->dtype = s->dtype;
+    e->max_batch = s->max_batch;
+    e->max_seq = s->max_seq;
+    e->forward = gpu_forward;
+    e->free = gpu_engine_destroy;
+    return 0;
+}
+
+extern "C" Engine *gpu_engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err) {
+    if (!gpu_available(err)) return NULL;
+    Engine *e = (Engine *)xcalloc(1, sizeof(Engine));
+    GpuEngine *g = (GpuEngine *)xcalloc(1, sizeof(GpuEngine));
+    e->impl = g;
+    if (gpu_engine_init(e, g, model, opt, err)) {
+        gpu_engine_destroy(e);
+        return NULL;
+    }
+    return e;
+}

@@ -1,0 +1,43 @@
+// The only door from C into CUDA: the GPU engine behind src/engine.h's Engine. Everything else in
+// kernels/ is C++ (CUDA) and private to it. The engine uploads one GPT2Model, allocates the KV
+// cache and activations once, and runs the forward loop with the per-block op table (BlockOps,
+// kernels/block_ops.h) chosen at creation: the fused kernels for BACKEND_GPU, the unfused
+// reference ops for BACKEND_GPU_REFERENCE.
+#pragma once
+
+// common.h is C11; C++ (nvcc) has no _Noreturn keyword, GCC's attribute says the same thing.
+#if defined(__cplusplus) && !defined(_Noreturn)
+#define _Noreturn __attribute__((noreturn))
+#endif
+
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// 1 when a CUDA device answers; else 0 with the reason in err ("no CUDA device", the driver's
+// message, ...). Cheap enough to call before choosing a backend.
+int gpu_available(Error *err);
+
+// 1 when this build holds the fused op table (kernels/ops_fused.cu), else 0.
+int gpu_have_fused(void);
+
+// Builds a GPU engine: opt->backend BACKEND_GPU (fused) or BACKEND_GPU_REFERENCE, opt->dtype the
+// compute type (an fp32 checkpoint can run as bf16: converted at upload), opt->max_batch and
+// opt->max_seq size the KV cache and the activations. Prints the memory it takes on stderr.
+// NULL with a one-line err on failure (out of memory names the sizes); nothing is left allocated.
+Engine *gpu_engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err);
+
+// Called by gpu_engine_forward_trace with the residual stream copied to the host: layer -1 after
+// the embedding, then layer l after block l. residual: fp32 [B*T, C], row b*T + t.
+typedef void (*GpuTraceFn)(void *user, int layer, const float *residual, int B, int T, int C);
+
+// Engine.forward with a look inside: trace (if not NULL) sees the residual stream after the
+// embedding and after every block (for ./gpt2 compare). Slower: it synchronizes at each block.
+int gpu_engine_forward_trace(Engine *e, const int *tokens, int B, int T, int pos, float *logits,
+                             int all_positions, GpuTraceFn trace, void *user, Error *err);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,45 @@
+// Small device helpers shared by the op kernels: the compute dtype as a template parameter
+// (float or __nv_bfloat16) with conversions to and from fp32, warp reductions, launch sizes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "gpu_engine.h"  // model.h, made C++-safe
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Blocks for a grid-stride loop over n elements with `threads` per block.
+static inline unsigned grid_for(size_t n, int threads) {
+    size_t g = (n + threads - 1) / threads;
+    if (g > 65536u * 16u) g = 65536u * 16u;
+    return (unsigned)(g ? g : 1);
+}
+
+// Runs `body` with T bound to the element type of dtype.
+#define DISPATCH_DTYPE(dtype, T, ...)    \
+    do {                                 \
+        if ((dtype) == DTYPE_BF16) {     \
+            typedef bf16 T;              \
+            __VA_ARGS__;                 \
+        } else {                         \
+            typedef float T;             \
+            __VA_ARGS__;                 \
+        }                                \
+    } while (0)

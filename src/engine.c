@@ -1,0 +1,62 @@
+// Choosing the engine: the CPU path, or the GPU engine with its fused or reference op table. The
+// GPU side is reached only through kernels/gpu_engine.h, and only in a CUDA build (GPT2_CUDA).
+#include "engine.h"
+
+#ifdef GPT2_CUDA
+#include "gpu_engine.h"
+#endif
+
+// 1 when the GPU engine can run here; else 0 and the reason in err.
+static int gpu_usable(Error *err) {
+#ifdef GPT2_CUDA
+    return gpu_available(err);
+#else
+    return fail(err, "this gpt2 was built without CUDA"), 0;
+#endif
+}
+
+static Engine *gpu_create(const GPT2Model *model, const EngineOptions *opt, Error *err) {
+#ifdef GPT2_CUDA
+    return gpu_engine_create(model, opt, err);
+#else
+    (void)model, (void)opt;
+    fail(err, "this gpt2 was built without CUDA (make GPU=1 with nvcc on the PATH)");
+    return NULL;
+#endif
+}
+
+Engine *engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err) {
+    const GPT2Config *c = &model->config;
+    if (opt->max_batch < 0 || opt->max_seq < 0 || opt->max_seq > c->max_seq_len)
+        return fail(err, "engine: batch %d / context %d outside 1.. / 1..%d", opt->max_batch, opt->max_seq,
+                    c->max_seq_len),
+               NULL;
+    int max_batch = opt->max_batch > 0 ? opt->max_batch : 1;
+    int max_seq = opt->max_seq > 0 ? opt->max_seq : c->max_seq_len;
+    Error why;
+    switch (opt->backend) {
+    case BACKEND_CPU:
+        return cpu_engine_create(model, max_batch, max_seq, err);
+    case BACKEND_GPU:
+    case BACKEND_GPU_REFERENCE:
+        if (!gpu_usable(&why)) return fail(err, "no usable GPU (%s)", why.msg), NULL;
+        return gpu_create(model, opt, err);
+    case BACKEND_AUTO:
+    default:
+        if (!gpu_usable(&why)) {
+            if (opt->require_gpu) return fail(err, "no usable GPU (%s)", why.msg), NULL;
+            fprintf(stderr, "gpt2: no usable GPU (%s); running on the CPU\n", why.msg);
+            return cpu_engine_create(model, max_batch, max_seq, err);
+        }
+        EngineOptions gpu = *opt;
+#ifdef GPT2_CUDA
+        // The fused kernels when this build has them, else the reference ops: still the GPU.
+        gpu.backend = gpu_have_fused() ? BACKEND_GPU : BACKEND_GPU_REFERENCE;
+#endif
+        return gpu_create(model, &gpu, err);
+    }
+}
+
+void engine_free(Engine *e) {
+    if (e) e->free(e);
+}
