@@ -1,0 +1,51 @@
+// Fused causal self-attention over the KV cache (issue 5): softmax(q k^T / sqrt(HS) + mask) v in
+// one pass per (sequence, head), the T x L scores never written to memory.
+//
+//   q      [B*T, C] compute dtype, row b*T + t, head h at columns [h*HS, (h+1)*HS), C = NH*HS
+//   k, v   this layer's cache, each [B][NH][max_seq][HS] compute dtype, positions 0..pos+T-1 filled
+//   out    [B*T, C] compute dtype, same columns as q
+// Query t of sequence b sits at position pos + t and attends to cache positions 0..pos + t.
+//
+// Two kernels, picked per call:
+//   prefill (T > 4): flash-attention tiles of 64 queries x 64 keys, online softmax, causal tiles
+//     skipped. bf16 with HS % 8 == 0: tensor cores (mma.sync m16n8k16, fp32 accumulation and
+//     softmax, P rounded to bf16 for P.V); fp32 (or odd HS): fp32 FMA throughout.
+//   decode (T <= 4): flash-decoding. Each (b, h)'s keys are cut into chunks handled by separate
+//     blocks that write partial (max, sum, acc) into the workspace; a second small kernel merges
+//     them. So B=1 with a long cache still fills the GPU.
+// Any HS from 1 to 128 (HS = 64 is the tuned case), any B, NH, T, pos with pos + T <= max_seq.
+// Nothing is allocated per call, no host synchronisation: capturable in a CUDA graph.
+#pragma once
+
+// common.h is C11; C++ (nvcc) has no _Noreturn keyword, GCC's attribute says the same thing.
+#if defined(__cplusplus) && !defined(_Noreturn)
+#define _Noreturn __attribute__((noreturn))
+#endif
+
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+#include "model.h"  // DType
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Bytes of workspace that let fused_attention split the cache as finely as it wants for any call
+// with at most B sequences, num_heads heads of head_size and a cache of max_seq positions.
+// (About 13 MiB for GPT-2 124M at B = 64, max_seq = 1024.) Allocate once, pass to every call.
+size_t fused_attention_workspace_size(int B, int num_heads, int head_size, int max_seq);
+
+// Enqueues attention on `stream`; returns cudaSuccess (0) or the error (cudaErrorInvalidValue for
+// a bad shape: T < 0, pos < 0, pos + T > max_seq, head_size outside 1..128, ...; else the launch's).
+// `workspace` (device memory, workspace_bytes long) holds the flash-decoding partials: NULL / 0 is
+// allowed and still correct, but then each (b, h) of a decode step runs in one block (slower for
+// small B). The workspace is only touched by this call's kernels on `stream`.
+// All pointers device memory, 16-byte aligned for the fast paths (cudaMalloc'd buffers are).
+int fused_attention(const void *q, const void *k_cache, const void *v_cache, void *out, DType dtype, int B, int T,
+                    int pos, int num_heads, int head_size, int max_seq, void *workspace, size_t workspace_bytes,
+                    cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
