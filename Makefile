@@ -70,7 +70,7 @@ $(BUILD)/tests/%: tests/%.c tests/test.h $(LIB_OBJ)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB_OBJ) $(LDFLAGS) $(LDLIBS)
 
 test: $(BIN) $(TEST_BINS)
-	@GPT2_BIN=$(BIN) GPT2_BUILD=$(BUILD) GPT2_SANITIZE=$(SANITIZE) bash tests/run.sh
+	@GPT2_BIN=$(abspath $(BIN)) GPT2_BUILD=$(BUILD) GPT2_SANITIZE=$(SANITIZE) bash tests/run.sh
 
 # libFuzzer targets: the parsers that read untrusted bytes, built with clang.
 FUZZ_SRC  := $(HOST_SRC)

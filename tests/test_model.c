@@ -26,6 +26,10 @@ static const char *write_file(const char *name, const int32_t h[256], size_t hea
     static char path[1024];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "test_model: cannot write %s\n", path);
+        exit(1);
+    }
     fwrite(h, 1, header_bytes, f);
     int bf16 = h[1] == 5;
     for (size_t i = 0; i < payload_bytes / (bf16 ? 2 : 4); i++) {
