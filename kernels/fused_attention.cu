@@ -158,6 +158,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
     for (int t = 0; t < TQ; t++)
 #pragma unroll
         for (int e = 0; e < VW; e++) acc[t][e] = 0.f;
+    // q.k mapping: a quarter-warp per key, lane `sub` takes 16-byte columns sub, sub + 8, ...
+    constexpr int QIT = 128 / VW / 8;  // columns per lane at HS = 128
+    const int quarter = lane >> 3, sub = lane & 7;
+    float qr[TQ][QIT][VW];
 
     for (int k0 = kbeg; k0 < kend; k0 += KT) {
         const int rows = min(KT, kend - k0);
@@ -168,20 +172,33 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
         cp_async_wait<0>();
         __syncthreads();
 
+        if (k0 == kbeg) {  // this lane's q columns, once (qs is visible after the barrier above)
+#pragma unroll
+            for (int t = 0; t < TQ; t++)
+#pragma unroll
+                for (int it = 0; it < QIT; it++)
+#pragma unroll
+                    for (int e = 0; e < VW; e++) {
+                        const int v = sub + it * 8;
+                        qr[t][it][e] = v < NV ? qs[t * HSP + v * VW + e] : 0.f;
+                    }
+        }
         // Scores: 8 lanes per key (a quarter-warp reads one 16-byte-aligned row: conflict-free).
         {
-            const int quarter = lane >> 3, sub = lane & 7;
             for (int j = warp * 4 + quarter; j < KT; j += 16) {
                 float dot[TQ];
 #pragma unroll
                 for (int t = 0; t < TQ; t++) dot[t] = 0.f;
-                for (int v = sub; v < NV; v += 8) {
+#pragma unroll
+                for (int it = 0; it < QIT; it++) {
+                    const int v = sub + it * 8;
+                    if (v >= NV) break;
                     float kf[VW];
                     unpack16(Ks + j * HSP + v * VW, kf);
 #pragma unroll
                     for (int t = 0; t < TQ; t++)
 #pragma unroll
-                        for (int e = 0; e < VW; e++) dot[t] = fmaf(qs[t * HSP + v * VW + e], kf[e], dot[t]);
+                        for (int e = 0; e < VW; e++) dot[t] = fmaf(qr[t][it][e], kf[e], dot[t]);
                 }
 #pragma unroll
                 for (int t = 0; t < TQ; t++) {
@@ -236,7 +253,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
                 unpack16(Vs + j * HSP + c * VW, vf);
 #pragma unroll
                 for (int t = 0; t < TQ; t++) {
-                    const float p = S[t * KT + j];  // t >= T: never written, acc[t] unused
+                    if (t >= T) break;
+                    const float p = S[t * KT + j];
 #pragma unroll
                     for (int e = 0; e < VW; e++) acc[t][e] = fmaf(p, vf[e], acc[t][e]);
                 }
@@ -805,4 +823,39 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
         else e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
     }
     return (int)e;
+}
+
+// ----------------------------------------------------------------------------
+// The unfused baseline's softmax, for tests/bench_fused_attention.c (a C file cannot hold a kernel).
+
+namespace {
+template <typename E>
+__global__ void __launch_bounds__(kThreads) softmax_rows_baseline(E *__restrict__ probs, const float *__restrict__ s,
+                                                                  int rows, int T, int Tk, int pos, float scale) {
+    const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const int n = pos + row % T + 1;
+    const float *sr = s + (size_t)row * Tk;
+    E *pr = probs + (size_t)row * Tk;
+    float mx = -INFINITY, sum = 0.f;
+    for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sr[j]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int j = lane; j < n; j += 32) sum += expf((sr[j] - mx) * scale);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.f / sum;
+    for (int j = lane; j < Tk; j += 32) pr[j] = from_f<E>(j < n ? expf((sr[j] - mx) * scale) * inv : 0.f);
+}
+}  // namespace
+
+extern "C" int attention_softmax_baseline(void *probs, const float *scores, int rows, int T, int Tk, int pos,
+                                          float scale, DType dtype, cudaStream_t stream) {
+    if (rows <= 0) return 0;
+    const unsigned blocks = (unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32));
+    if (dtype == DTYPE_BF16)
+        softmax_rows_baseline<bf16><<<blocks, kThreads, 0, stream>>>(static_cast<bf16 *>(probs), scores, rows, T, Tk,
+                                                                     pos, scale);
+    else
+        softmax_rows_baseline<float><<<blocks, kThreads, 0, stream>>>(static_cast<float *>(probs), scores, rows, T,
+                                                                      Tk, pos, scale);
+    return (int)cudaGetLastError();
 }

@@ -46,6 +46,12 @@ int fused_attention(const void *q, const void *k_cache, const void *v_cache, voi
                     int pos, int num_heads, int head_size, int max_seq, void *workspace, size_t workspace_bytes,
                     cudaStream_t stream);
 
+// The unfused baseline's middle step, for tests/bench_fused_attention.c only (its cuBLAS products
+// around it live in the bench): probs[r][j] = softmax_j(scale * scores[r][j]) over j <= pos + r % T,
+// 0 for the rest of the row; scores fp32 [rows][Tk], probs dtype [rows][Tk], rows = B*NH*T.
+int attention_softmax_baseline(void *probs, const float *scores, int rows, int T, int Tk, int pos, float scale,
+                               DType dtype, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
