@@ -242,6 +242,7 @@ static void expect_error(const char *name, const char *path, const char *want) {
 
 int main(void) {
     const char *tmp = getenv("GPT2_TMP");
+    if (tmp) mkdir(tmp, 0755);  // tests/run.sh makes it; a test run on its own may not have
     snprintf(root, sizeof(root), "%s/safetensors_XXXXXX", tmp ? tmp : "/tmp");
     if (!mkdtemp(root)) {
         CHECK(0, "safetensors_tmpdir", "cannot create %s", root);
