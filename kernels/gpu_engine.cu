@@ -245,6 +245,20 @@ extern "C" int gpu_engine_forward_trace(Engine *e, const int *tokens, int B, int
     return gpu_forward_impl(e, tokens, B, T, pos, logits, all_positions, trace, user, err);
 }
 
+extern "C" int gpu_engine_copy_folded(Engine *e, int which, int layer, float *s_out, float *b_out, Error *err) {
+    if (e->forward != gpu_forward) return fail(err, "copy_folded needs a GPU engine, not %s", e->name);
+    GpuState *s = &((GpuEngine *)e->impl)->s;
+    if (which < 0 || which > 2 || layer < 0 || layer >= s->L) return fail(err, "copy_folded: bad which/layer");
+    const GpuLayer *ly = &s->layers[layer];
+    const float *src_s = which == 0 ? ly->qkv_s : which == 1 ? ly->fc_s : s->lnf_s;
+    const float *src_b = which == 0 ? ly->qkv_b : which == 1 ? ly->fc_b : s->lnf_b;
+    size_t n = which == 0 ? 3 * (size_t)s->C : which == 1 ? 4 * (size_t)s->C : (size_t)s->Vp;
+    CUDA_TRY(cudaMemcpyAsync(s_out, src_s, n * sizeof(float), cudaMemcpyDeviceToHost, s->stream));
+    CUDA_TRY(cudaMemcpyAsync(b_out, src_b, n * sizeof(float), cudaMemcpyDeviceToHost, s->stream));
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // Creation and teardown
 

@@ -38,6 +38,10 @@ typedef void (*GpuTraceFn)(void *user, int layer, const float *residual, int B, 
 int gpu_engine_forward_trace(Engine *e, const int *tokens, int B, int T, int pos, float *logits,
                              int all_positions, GpuTraceFn trace, void *user, Error *err);
 
+// The LayerNorm-folded vectors the fused kernels read (s and b', block_ops.h), copied to the host
+// for tests: which 0: ln1 -> qkv of `layer` ([3C] each), 1: ln2 -> fc ([4C]), 2: lnf -> logits ([Vp]).
+int gpu_engine_copy_folded(Engine *e, int which, int layer, float *s, float *b, Error *err);
+
 #ifdef __cplusplus
 }
 #endif
