@@ -34,6 +34,8 @@ extern "C" int gpu_available(Error *err) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError();
+        if (e == cudaErrorNoDevice) return fail(err, "no CUDA device"), 0;
+        if (e == cudaErrorInsufficientDriver) return fail(err, "no NVIDIA driver new enough: %s", cudaGetErrorString(e)), 0;
         return fail(err, "%s", cudaGetErrorString(e)), 0;
     }
     if (n == 0) return fail(err, "no CUDA device"), 0;
