@@ -13,12 +13,15 @@ void sampler_create(Sampler *s, int vocab_size, float temperature, int top_k, fl
 
 void sampler_free(Sampler *s) { free(s->candidates); }
 
-float sampler_random_unit(uint64_t *state) {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;  // top 24 bits
+float sampler_draw(Sampler *s) {
+    uint64_t *x = &s->rng_state;
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return (float)((*x * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;  // top 24 bits
 }
+
+int sampler_sample(Sampler *s, const float *logits) { return sampler_pick(s, logits, sampler_draw(s)); }
 
 static int by_prob_desc(const void *a, const void *b) {
     float pa = ((const Candidate *)a)->prob, pb = ((const Candidate *)b)->prob;
@@ -39,7 +42,7 @@ static void sift_down(Candidate *h, int n, int i) {
     }
 }
 
-int sampler_sample(Sampler *s, const float *logits) {
+int sampler_pick(Sampler *s, const float *logits, float u) {
     int V = s->vocab_size;
     int best = 0;
     for (int i = 1; i < V; i++)
@@ -60,15 +63,16 @@ int sampler_sample(Sampler *s, const float *logits) {
     qsort(c, n, sizeof(Candidate), by_prob_desc);
     // Nucleus: the smallest prefix whose share of the top-k distribution reaches top_p (as Hugging
     // Face and ggml apply them: top-k first, then top-p on what is left, renormalised).
-    double sum = 0.0;
+    // Sums in float, in this order: the device sampler (kernels/sampling.cu) adds the same way.
+    float sum = 0.0f;
     for (int i = 0; i < n; i++) sum += c[i].prob;
-    double kept = 0.0;
+    float kept = 0.0f;
     int m = 0;
     while (m < n) {
         kept += c[m++].prob;
         if (kept >= s->top_p * sum) break;
     }
-    float r = sampler_random_unit(&s->rng_state) * (float)kept;
+    float r = u * kept;
     float acc = 0.0f;
     for (int i = 0; i < m; i++) {
         acc += c[i].prob;

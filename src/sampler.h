@@ -21,8 +21,13 @@ typedef struct {
 void sampler_create(Sampler *s, int vocab_size, float temperature, int top_k, float top_p, uint64_t seed);
 void sampler_free(Sampler *s);
 
-// Picks a token from logits[vocab_size]; the logits are not modified.
-int sampler_sample(Sampler *s, const float *logits);
+// The next uniform draw in [0, 1) from the seeded generator (xorshift64*). Every pick consumes one,
+// greedy ones too, so the host and the device samplers see the same draws for the same seed.
+float sampler_draw(Sampler *s);
 
-// The generator behind the sampler (xorshift64*), exposed for tests.
-float sampler_random_unit(uint64_t *state);  // uniform in [0, 1)
+// Picks a token from logits[vocab_size] with the uniform draw u; the logits are not modified.
+// kernels/sampling.cu makes the same choice on the device.
+int sampler_pick(Sampler *s, const float *logits, float u);
+
+// sampler_pick with the next draw.
+int sampler_sample(Sampler *s, const float *logits);
