@@ -69,25 +69,19 @@ int tokenizer_eot(const Tokenizer *t) { return t->eot; }
 // Loading
 
 // GPT-2 shows byte b as itself when it is printable Latin-1 and otherwise as U+0100 + (its rank
-// among the unprintable bytes). Returns the byte of code point cp, or -1 when cp spells none.
-static int unicode_to_byte(uint32_t cp) {
-    static int table[324];
-    static bool built = false;
-    if (!built) {
-        for (int i = 0; i < 324; i++) table[i] = -1;
-        int n = 0;
-        for (int b = 0; b < 256; b++) {
-            bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-            table[printable ? b : 256 + n++] = b;
-        }
-        built = true;
+// among the unprintable bytes): the 256 code points below 324 that spell a byte, -1 elsewhere.
+static void byte_alphabet(int byte_of[324]) {
+    for (int i = 0; i < 324; i++) byte_of[i] = -1;
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        byte_of[printable ? b : 256 + n++] = b;
     }
-    return cp < 324 ? table[cp] : -1;
 }
 
 // The raw bytes a string of encoder.json or vocab.bpe stands for, written into out (at least
-// strlen(s) + 1 bytes, NUL-terminated). Returns their number, or -1 when s is not in the alphabet.
-static int spelled_bytes(const char *s, size_t n, char *out) {
+// n + 1 bytes, NUL-terminated). Returns their number, or -1 when s is not in the alphabet.
+static int spelled_bytes(const int byte_of[324], const char *s, size_t n, char *out) {
     const unsigned char *u = (const unsigned char *)s;
     int o = 0;
     for (size_t i = 0; i < n;) {
@@ -96,9 +90,8 @@ static int spelled_bytes(const char *s, size_t n, char *out) {
         size_t k = utf8_char(u + i, n - i, &subpart, &at_end);
         if (k == 0 || k > 2) return -1;  // the alphabet stops at U+0143: one or two bytes
         uint32_t cp = k == 1 ? u[i] : ((uint32_t)(u[i] & 0x1F) << 6) | (u[i + 1] & 0x3F);
-        int b = unicode_to_byte(cp);
-        if (b < 0) return -1;
-        out[o++] = (char)b;
+        if (cp >= 324 || byte_of[cp] < 0) return -1;
+        out[o++] = (char)byte_of[cp];
         i += k;
     }
     out[o] = '\0';
@@ -151,7 +144,7 @@ static int lookup_piece(const Tokenizer *t, const char *bytes, int n) {
     return n == 1 ? t->byte_token[(unsigned char)bytes[0]] : find_piece(t->pieces, bytes);
 }
 
-static int load_vocabulary(Tokenizer *t, const char *path, Error *err) {
+static int load_vocabulary(Tokenizer *t, const int byte_of[324], const char *path, Error *err) {
     size_t len;
     char *text = read_file(path, &len, err);
     if (!text) return -1;
@@ -159,7 +152,7 @@ static int load_vocabulary(Tokenizer *t, const char *path, Error *err) {
     free(text);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail(err, "%s: not a JSON object of token → id", path);
+        return fail(err, "%s: not a JSON object of token -> id", path);
     }
     int n = cJSON_GetArraySize(root);
     size_t blob = 0;
@@ -180,7 +173,7 @@ static int load_vocabulary(Tokenizer *t, const char *path, Error *err) {
             rc = fail(err, "%s: token \"%s\" has a bad or repeated id", path, e->string);
             break;
         }
-        int k = spelled_bytes(e->string, strlen(e->string), t->bytes + o);
+        int k = spelled_bytes(byte_of, e->string, strlen(e->string), t->bytes + o);
         if (k <= 0 || k > TOKEN_DECODE_MAX - 3) {
             rc = fail(err, "%s: token \"%s\" is not in GPT-2's byte alphabet", path, e->string);
             break;
@@ -204,7 +197,7 @@ static int load_vocabulary(Tokenizer *t, const char *path, Error *err) {
     return 0;
 }
 
-static int load_merges(Tokenizer *t, const char *path, Error *err) {
+static int load_merges(Tokenizer *t, const int byte_of[324], const char *path, Error *err) {
     size_t len;
     char *text = read_file(path, &len, err);
     if (!text) return -1;
@@ -215,8 +208,8 @@ static int load_merges(Tokenizer *t, const char *path, Error *err) {
         line_no++;
         if (end == line || (line_no == 1 && strncmp(line, "#version", 8) == 0)) continue;
         char *space = memchr(line, ' ', (size_t)(end - line));
-        int a = space ? spelled_bytes(line, (size_t)(space - line), pair) : -1;
-        int b = a > 0 ? spelled_bytes(space + 1, (size_t)(end - space - 1), pair + a + 1) : -1;
+        int a = space ? spelled_bytes(byte_of, line, (size_t)(space - line), pair) : -1;
+        int b = a > 0 ? spelled_bytes(byte_of, space + 1, (size_t)(end - space - 1), pair + a + 1) : -1;
         if (a <= 0 || b <= 0) {
             rc = fail(err, "%s:%d: not a pair of tokens", path, line_no);
             break;
@@ -246,11 +239,13 @@ Tokenizer *tokenizer_create(const char *dir, Error *err) {
     Tokenizer *t = xcalloc(1, sizeof *t);
     size_t n = strlen(dir) + 32;
     char *path = xmalloc(n);
+    int byte_of[324];
+    byte_alphabet(byte_of);
     snprintf(path, n, "%s/encoder.json", dir);
-    int rc = load_vocabulary(t, path, err);
+    int rc = load_vocabulary(t, byte_of, path, err);
     if (!rc) {
         snprintf(path, n, "%s/vocab.bpe", dir);
-        rc = load_merges(t, path, err);
+        rc = load_merges(t, byte_of, path, err);
     }
     free(path);
     if (!rc) {
