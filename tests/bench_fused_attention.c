@@ -250,7 +250,10 @@ int main(int argc, char **argv) {
         printf("bench_fused_attention: no GPU\n");
         return 0;
     }
-    const char *only = argc > 1 ? argv[1] : NULL;  // "fp32" or "bf16" to run one dtype
+    // Optional filters: bench_fused_attention [fp32|bf16 [prefill|decode [B [L]]]]
+    const char *only = argc > 1 ? argv[1] : NULL;
+    const char *kind = argc > 2 ? argv[2] : NULL;
+    const int onlyB = argc > 3 ? atoi(argv[3]) : 0, onlyL = argc > 4 ? atoi(argv[4]) : 0;
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     cublasHandle_t h;
@@ -263,11 +266,13 @@ int main(int argc, char **argv) {
     for (int d = 0; d < 2; d++) {
         DType dt = d ? DTYPE_BF16 : DTYPE_F32;
         if (only && strcmp(only, dtype_name(dt))) continue;
-        bench_case(h, st, dt, 1, 1024, 0, bw);
-        bench_case(h, st, dt, 8, 1024, 0, bw);
+        for (int B = 1; B <= 8; B += 7)
+            if ((!kind || !strcmp(kind, "prefill")) && (!onlyB || onlyB == B)) bench_case(h, st, dt, B, 1024, 0, bw);
         const int Ls[3] = {16, 272, 1024}, Bs[3] = {1, 8, 64};
         for (int i = 0; i < 3; i++)
-            for (int j = 0; j < 3; j++) bench_case(h, st, dt, Bs[j], 1, Ls[i] - 1, bw);
+            for (int j = 0; j < 3; j++)
+                if ((!kind || !strcmp(kind, "decode")) && (!onlyB || onlyB == Bs[j]) && (!onlyL || onlyL == Ls[i]))
+                    bench_case(h, st, dt, Bs[j], 1, Ls[i] - 1, bw);
     }
     cublasDestroy(h);
     cudaStreamDestroy(st);
