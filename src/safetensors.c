@@ -343,7 +343,7 @@ static inline float f16_to_float(uint16_t h) {
 }
 
 // Element i of src into element j of dst. The data section has no alignment promise, hence memcpy.
-// A bf16 destination only ever receives bf16, copied bit for bit.
+// A bf16 destination only ever receives bf16, copied bit for bit; so does fp32 from fp32.
 static inline void copy_elem(void *dst, DType dt, size_t j, const uint8_t *src, SrcType st, size_t i) {
     if (dt == DTYPE_BF16) {
         memcpy((uint16_t *)dst + j, src + 2 * i, 2);
@@ -360,20 +360,43 @@ static inline void copy_elem(void *dst, DType dt, size_t j, const uint8_t *src, 
     ((float *)dst)[j] = v;
 }
 
-// Copies a (rows, cols) source tensor into dst, as (cols, rows) when transposing. Tiles keep both
-// the reads and the writes of a transpose within cache lines; threads take whole tiles, which also
-// spreads the page faults of the mapping over the cores (1558M is 6 GB).
+enum { TILE = 64 };
+
+// One TILE x TILE block of a transpose: (rows, cols) source, (cols, rows) destination. Always
+// inlined, so each call below with constant types compiles to a loop without per-element branches.
+static inline __attribute__((always_inline)) void transpose_tile(void *dst, DType dt, const uint8_t *src,
+                                                                 SrcType st, size_t rows, size_t cols, size_t r0,
+                                                                 size_t c0) {
+    size_t r1 = r0 + TILE < rows ? r0 + TILE : rows, c1 = c0 + TILE < cols ? c0 + TILE : cols;
+    for (size_t c = c0; c < c1; c++)
+        for (size_t r = r0; r < r1; r++) copy_elem(dst, dt, c * rows + r, src, st, r * cols + c);
+}
+
+// Copies a (rows, cols) source tensor into dst, as (cols, rows) when transposing. Threads take
+// whole row blocks or tiles, which also spreads the page faults of the mapping over the cores
+// (1558M is 6 GB). Tiles keep both the reads and the writes of a transpose within cache lines.
 static void copy_tensor(void *dst, DType dt, const uint8_t *src, SrcType st, size_t rows, size_t cols,
                         int transpose) {
-    enum { TILE = 64 };
-    size_t dst_cols = transpose ? rows : cols;
-#pragma omp parallel for collapse(2) schedule(static) if (rows * cols > 65536)
+    int parallel = rows * cols > 65536;
+    if (!transpose) {
+#pragma omp parallel for schedule(static) if (parallel)
+        for (size_t r0 = 0; r0 < rows; r0 += TILE) {
+            size_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+            if (dt == DTYPE_BF16 || st == SRC_F32)  // same type: the bytes as they are
+                memcpy((char *)dst + r0 * cols * dtype_size(dt), src + r0 * cols * dtype_size(dt),
+                       (r1 - r0) * cols * dtype_size(dt));
+            else
+                for (size_t i = r0 * cols; i < r1 * cols; i++) copy_elem(dst, dt, i, src, st, i);
+        }
+        return;
+    }
+#pragma omp parallel for collapse(2) schedule(static) if (parallel)
     for (size_t r0 = 0; r0 < rows; r0 += TILE)
         for (size_t c0 = 0; c0 < cols; c0 += TILE) {
-            size_t r1 = r0 + TILE < rows ? r0 + TILE : rows, c1 = c0 + TILE < cols ? c0 + TILE : cols;
-            for (size_t r = r0; r < r1; r++)
-                for (size_t c = c0; c < c1; c++)
-                    copy_elem(dst, dt, transpose ? c * dst_cols + r : r * dst_cols + c, src, st, r * cols + c);
+            if (dt == DTYPE_BF16) transpose_tile(dst, DTYPE_BF16, src, SRC_BF16, rows, cols, r0, c0);
+            else if (st == SRC_F32) transpose_tile(dst, DTYPE_F32, src, SRC_F32, rows, cols, r0, c0);
+            else if (st == SRC_BF16) transpose_tile(dst, DTYPE_F32, src, SRC_BF16, rows, cols, r0, c0);
+            else transpose_tile(dst, DTYPE_F32, src, SRC_F16, rows, cols, r0, c0);
         }
 }
 
