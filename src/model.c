@@ -155,7 +155,8 @@ int gpt2_model_load(GPT2Model *m, const char *path, Error *err) {
             if (ends_with(e->d_name, ".bin") && bins++ == 0) snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
         closedir(dir);
         if (bins == 1) return gpt2_model_load_llmc(m, file, err);
-        if (bins > 1) return fail(err, "%s: directory holds %d .bin files and no model.safetensors: name one", path, bins);
+        if (bins > 1)
+            return fail(err, "%s: directory holds %d .bin files and no model.safetensors: name one", path, bins);
         return fail(err, "%s: directory holds no model.safetensors and no .bin", path);
     }
     if (ends_with(path, ".safetensors")) return safetensors_load_gpt2(m, path, err);

@@ -57,7 +57,8 @@ static int parse_tensor(const cJSON *entry, const char *what, SafetensorsTensor 
             snprintf(t->dtype, sizeof(t->dtype), "%s", safetensors_dtypes[i].name);
             t->dtype_bytes = safetensors_dtypes[i].bytes;
         }
-    if (t->dtype_bytes == 0) return fail(err, "%s: tensor '%s' has unknown dtype '%.32s'", what, t->name, dtype->valuestring);
+    if (t->dtype_bytes == 0)
+        return fail(err, "%s: tensor '%s' has unknown dtype '%.32s'", what, t->name, dtype->valuestring);
 
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > SAFETENSORS_MAX_DIMS)
@@ -438,7 +439,8 @@ int safetensors_gpt2_from_index(GPT2Model *m, const SafetensorsIndex *ix, const 
         source = "the tensor shapes";
         const SafetensorsTensor *wte = slots[PARAM_WTE * MAX_LAYERS], *wpe = slots[PARAM_WPE * MAX_LAYERS];
         if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2)
-            rc = fail(err, "%s: without config.json, needs 2-D tensors wte.weight and wpe.weight to read the sizes", what);
+            rc = fail(err, "%s: without config.json, needs 2-D tensors wte.weight and wpe.weight to read the sizes",
+                      what);
         else if (wte->shape[1] == 0 || wte->shape[1] % 64 != 0 || wte->shape[1] > 65536)
             rc = fail(err, "%s: no config.json beside the file, and channels %zu is not a multiple of GPT-2's "
                       "head size 64: cannot tell the number of heads", what, wte->shape[1]);
@@ -548,10 +550,6 @@ static int read_config_beside(const char *path, GPT2Config *c, Error *err) {
 
 int safetensors_load_gpt2(GPT2Model *m, const char *path, Error *err) {
     memset(m, 0, sizeof(*m));
-    GPT2Config config;
-    int have_config = read_config_beside(path, &config, err);
-    if (have_config < 0) return -1;
-
     int fd = open(path, O_RDONLY);
     if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -568,8 +566,10 @@ int safetensors_load_gpt2(GPT2Model *m, const char *path, Error *err) {
     close(fd);
     if (map == MAP_FAILED) return fail(err, "%s: cannot memory-map: %s", path, strerror(errno));
 
+    GPT2Config config;
+    int have_config = read_config_beside(path, &config, err), rc = have_config < 0 ? -1 : 0;
     SafetensorsIndex ix;
-    int rc = safetensors_parse_header(map, file_bytes, path, &ix, err);
+    if (rc == 0) rc = safetensors_parse_header(map, file_bytes, path, &ix, err);
     if (rc == 0) {
         rc = safetensors_gpt2_from_index(m, &ix, have_config == 0 ? &config : NULL, path, err);
         safetensors_index_free(&ix);

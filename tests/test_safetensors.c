@@ -238,7 +238,9 @@ static void expect_error_in(const char *name, const char *path, const char *file
     if (rc == 0) gpt2_model_free(&m);
 }
 
-static void expect_error(const char *name, const char *path, const char *want) { expect_error_in(name, path, path, want); }
+static void expect_error(const char *name, const char *path, const char *want) {
+    expect_error_in(name, path, path, want);
+}
 
 int main(void) {
     const char *tmp = getenv("GPT2_TMP");
@@ -371,7 +373,8 @@ int main(void) {
     Tensor *qkv = find(&l, "h.0.attn.c_attn.weight");
     qkv->shape[0] = 3 * C, qkv->shape[1] = C;
     write_st(path, &l);
-    expect_error("safetensors_wrong_shape", path, "h.0.attn.c_attn.weight has shape [192, 64], but config.json implies [64, 192]");
+    expect_error("safetensors_wrong_shape", path,
+                 "h.0.attn.c_attn.weight has shape [192, 64], but config.json implies [64, 192]");
     list_free(&l);
 
     hf_from_llmc(&l, params, counts, "F32", "");
@@ -405,7 +408,8 @@ int main(void) {
     write_text(cfg, "{\"n_layer\": 2, \"n_embd\": 64, \"n_positions\": 16, \"vocab_size\": 300}");
     expect_error_in("safetensors_config_missing_key", path, cfg, "missing or invalid integer 'n_head'");
     write_text(cfg, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 128, \"n_positions\": 16, \"vocab_size\": 300}");
-    expect_error("safetensors_config_disagrees", path, "wte.weight has shape [300, 64], but config.json implies [300, 128]");
+    expect_error("safetensors_config_disagrees", path,
+                 "wte.weight has shape [300, 64], but config.json implies [300, 128]");
     write_text(cfg, "{\"n_layer\": 3, \"n_head\": 4, \"n_embd\": 64, \"n_ctx\": 16, \"vocab_size\": 300}");
     expect_error("safetensors_config_more_layers", path, "missing tensor h.2.ln_1.weight");
     write_text(cfg, "{\"n_layer\": 1, \"n_head\": 4, \"n_embd\": 64, \"n_positions\": 16, \"vocab_size\": 300}");
