@@ -194,6 +194,18 @@ static void check_bf16(const GPT2Model *m, const char *tag, int B, int T) {
         CHECK(r <= 3e-2 && agree >= 0.90, name, "rel_l2 %.3g (tolerance 3e-2), argmax agreement %.1f%%", r,
               100 * agree);
         printf("  %s: rel_l2 %.3g, argmax agreement %.1f%%\n", name, r, 100 * agree);
+        // Where bf16 picks another token, how close the two were in fp32 (near-ties flip).
+        for (int row = 0; row < B * T; row++) {
+            const float *fa = la + (size_t)row * V, *fb = lb + (size_t)row * V;
+            int ia = argmax(fa, V), ib = argmax(fb, V);
+            if (ia == ib) continue;
+            double mean = 0, var = 0;
+            for (int i = 0; i < V; i++) mean += fa[i];
+            mean /= V;
+            for (int i = 0; i < V; i++) var += (fa[i] - mean) * (fa[i] - mean);
+            printf("    row %d: fp32 top %d vs bf16 top %d, fp32 gap %.4f = %.4f logit std\n", row, ia, ib,
+                   fa[ia] - fa[ib], (fa[ia] - fa[ib]) / sqrt(var / V));
+        }
     }
     // The last-token logits are the last rows of the all-positions logits.
     float *last = xmalloc((size_t)B * V * sizeof(float));
