@@ -4,6 +4,7 @@
 #pragma once
 
 #include "model.h"
+#include "sampler.h"
 
 typedef enum {
     BACKEND_AUTO,           // the GPU when one is usable, else the CPU (with a note)
@@ -33,6 +34,12 @@ struct Engine {
     // logits (host, fp32): [B, T, V] if all_positions, else [B, V] for each sequence's last token.
     int (*forward)(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
                    Error *err);
+    // One decode step that samples where the logits are (NULL: forward + the host sampler). Feeds
+    // tokens[b] at position pos and writes each sequence's next token to next[b], chosen as
+    // sampler_pick(sampler, logits, u[b]) would. Returns 1 when it did the step, 0 when it cannot
+    // sample with these settings (the caller falls back), -1 on error.
+    int (*decode)(Engine *e, const int *tokens, int B, int pos, const Sampler *sampler, const float *u, int *next,
+                  Error *err);
     void (*free)(Engine *e);
 };
 
@@ -40,6 +47,12 @@ struct Engine {
 // engine and prints a one-line note on stderr.
 Engine *engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err);
 void engine_free(Engine *e);
+
+// One decode step for B sequences: tokens[b] at position pos in, next[b] out, one draw of the
+// sampler per sequence. Uses the engine's own decode where it can (on the GPU: only ids cross to
+// the host), else forward into logits ([B, V] host scratch) and the host sampler.
+int engine_decode(Engine *e, const int *tokens, int B, int pos, Sampler *sampler, float *logits, int *next,
+                  Error *err);
 
 // The CPU engine (cpu_engine.c).
 Engine *cpu_engine_create(const GPT2Model *model, int max_batch, int max_seq, Error *err);

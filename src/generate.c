@@ -196,19 +196,23 @@ int cmd_generate(int argc, char **argv) {
     if (B == 1)
         for (int i = unconditional ? 1 : 0; i < P; i++) print_token(&printer, prompt_ids[i]);
 
+    // The prefill gives the first new token; each decode step feeds the last one at the next position.
+    int *next = xmalloc(B * sizeof(int));
     double t0 = now_ms();
-    if (n_new > 0 && engine->forward(engine, tokens, B, P, 0, logits, 0, &err)) die("%s", err.msg);
+    if (n_new > 0) {
+        if (engine->forward(engine, tokens, B, P, 0, logits, 0, &err)) die("%s", err.msg);
+        for (int b = 0; b < B; b++) next[b] = sampler_sample(&sampler, logits + (size_t)b * V);
+    }
     double t_prefill = now_ms() - t0;
     int steps = 0, live = B;
     for (int pos = P; steps < n_new && live > 0; pos++, steps++) {
-        if (steps > 0 && engine->forward(engine, tokens, B, 1, pos - 1, logits, 0, &err)) die("%s", err.msg);
+        if (steps > 0 && engine_decode(engine, tokens, B, pos - 1, &sampler, logits, next, &err)) die("%s", err.msg);
         for (int b = 0; b < B; b++) {
-            int next = sampler_sample(&sampler, logits + (size_t)b * V);
-            tokens[b] = next;  // the next step's input
+            tokens[b] = next[b];  // the next step's input
             if (done[b]) continue;
-            generated[(size_t)b * (n_new + 1) + count[b]++] = next;
-            if (B == 1 && (next != eot || a.ignore_eos)) print_token(&printer, next);
-            if (next == eot && !a.ignore_eos) done[b] = 1, live--;
+            generated[(size_t)b * (n_new + 1) + count[b]++] = next[b];
+            if (B == 1 && (next[b] != eot || a.ignore_eos)) print_token(&printer, next[b]);
+            if (next[b] == eot && !a.ignore_eos) done[b] = 1, live--;
         }
     }
     double t_total = now_ms() - t0;
@@ -238,7 +242,7 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "total: %d new tokens in %.2f ms\n", steps * B, t_total);
 
     sampler_free(&sampler);
-    free(logits), free(count), free(done), free(generated), free(tokens), free(prompt_ids);
+    free(next), free(logits), free(count), free(done), free(generated), free(tokens), free(prompt_ids);
     engine_free(engine);
     tokenizer_free(tok);
     gpt2_model_free(&model);
