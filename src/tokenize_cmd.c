@@ -168,20 +168,16 @@ static void detokenize_usage(void) {
            "  -h, --help  this text\n");
 }
 
-// Decodes one id given as text and writes its complete characters.
-static void emit(const Tokenizer *t, TokenDecoder *dec, const char *word) {
+// One id given as text; anything but a number in the vocabulary ends the program.
+static int parse_id(const Tokenizer *t, const char *word) {
     char *end;
     errno = 0;
     long id = strtol(word, &end, 10);
-    if (end == word || *end || errno) die("detokenize: '%s' is not a token id", word);
-    if (id < 0 || id >= tokenizer_vocab_size(t))
+    if (end == word || *end) die("detokenize: '%s' is not a token id", word);
+    if (errno || id < 0 || id >= tokenizer_vocab_size(t))
         die("detokenize: token id %s is out of range (the vocabulary has ids 0 to %d)", word,
             tokenizer_vocab_size(t) - 1);
-    char buf[TOKEN_DECODE_MAX];
-    size_t n;
-    Error err;
-    if (tokenizer_decode_next(t, dec, (int)id, buf, &n, &err)) die("detokenize: %s", err.msg);
-    fwrite(buf, 1, n, stdout);
+    return (int)id;
 }
 
 int cmd_detokenize(int argc, char **argv) {
@@ -204,23 +200,37 @@ int cmd_detokenize(int argc, char **argv) {
     }
     if (file && first_id < argc) cli_usage_error("detokenize: give IDs or -f FILE, not both");
 
+    // All ids are checked before any byte is written, so a bad one leaves no partial output.
     Tokenizer *t = load("detokenize", dir);
-    TokenDecoder dec;
-    token_decoder_init(&dec);
+    int *ids = xmalloc((size_t)argc * sizeof(int));
+    size_t n = 0;
+    char *text = NULL;
     if (first_id < argc) {
-        for (int i = first_id; i < argc; i++) emit(t, &dec, argv[i]);
+        for (int i = first_id; i < argc; i++) ids[n++] = parse_id(t, argv[i]);
     } else {
         const char *path = file ? file : "-";
         size_t len;
-        char *text = read_all(path, &len);
+        text = read_all(path, &len);
         if (!text) die("detokenize: %s: %s", strcmp(path, "-") ? path : "standard input", strerror(errno));
         if (memchr(text, '\0', len)) die("detokenize: %s holds a NUL byte, not token ids", path);
+        // Every id takes at least two bytes of text (a digit and a separator) but the last.
+        ids = realloc(ids, (len / 2 + 1) * sizeof(int));
+        if (!ids) die("out of host memory for %zu token ids", len / 2 + 1);
         for (char *save, *w = strtok_r(text, " \t\r\n\v\f", &save); w; w = strtok_r(NULL, " \t\r\n\v\f", &save))
-            emit(t, &dec, w);
-        free(text);
+            ids[n++] = parse_id(t, w);
     }
+    TokenDecoder dec;
+    token_decoder_init(&dec);
     char buf[TOKEN_DECODE_MAX];
+    Error err;
+    for (size_t i = 0; i < n; i++) {
+        size_t k;
+        if (tokenizer_decode_next(t, &dec, ids[i], buf, &k, &err)) die("detokenize: %s", err.msg);
+        fwrite(buf, 1, k, stdout);
+    }
     fwrite(buf, 1, token_decoder_flush(&dec, buf), stdout);
+    free(ids);
+    free(text);
     tokenizer_free(t);
     return fflush(stdout) == 0 ? 0 : 1;
 }

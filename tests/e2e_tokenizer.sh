@@ -53,6 +53,11 @@ check tokenize_round_trip_file $? "tokenize | detokenize changed the file"
 expect_error detokenize_not_a_number "gpt2: detokenize: 'abc' is not a token id" "$GPT2_BIN" detokenize 15496 abc
 expect_error detokenize_too_big "gpt2: detokenize: token id 50257 is out of range" "$GPT2_BIN" detokenize 50257
 expect_error detokenize_negative "gpt2: detokenize: token id -1 is out of range" "$GPT2_BIN" detokenize -1
+expect_error detokenize_huge "gpt2: detokenize: token id 99999999999999999999 is out of range" \
+    "$GPT2_BIN" detokenize 99999999999999999999
+out=$(detok 15496 995 abc 2>/dev/null)
+[ -z "$out" ]
+check detokenize_error_writes_nothing $? "wrote '$out' before failing on a bad id"
 expect_error detokenize_file_junk "gpt2: detokenize: '12x' is not a token id" \
     bash -c "printf '1 2 12x' | \"$GPT2_BIN\" detokenize"
 
