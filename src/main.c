@@ -12,6 +12,8 @@ static const Command commands[] = {
     {"validate", cmd_validate},
     {"tokenize", cmd_tokenize},
     {"detokenize", cmd_detokenize},
+    {"compare", cmd_compare},
+    {"bench", cmd_bench},
 };
 
 int main(int argc, char **argv) {
