@@ -1,0 +1,52 @@
+// LayerNorm + Linear (+ GELU) in one pass: the launcher. What is computed, the output modes and
+// the numerics are in fused_ln_linear.h; the kernels are in linear_kernels.cuh (shared with
+// linear_residual.cu).
+#include "fused_ln_linear.h"
+
+#include "linear_kernels.cuh"
+
+extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
+                                  const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M,
+                                  int N, int K, Activation act, const QKVDest *qkv, LinearPath path,
+                                  cudaStream_t stream) {
+    if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
+    if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
+    if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
+    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_TILED_L) return cudaErrorInvalidValue;
+    if (M == 0) return cudaSuccess;
+    lin::Epilogue e = {};
+    e.gelu = act == ACT_GELU;
+    e.y_bf16 = ytype == DTYPE_BF16;
+    e.bias = b_folded;
+    e.s = s;
+    e.N = N;
+    if (qkv) {
+        const int C = qkv->num_heads * qkv->head_size;
+        if (qkv->num_heads <= 0 || qkv->head_size <= 0 || N != 3 * C || qkv->T <= 0 || M % qkv->T != 0 ||
+            qkv->pos < 0 || qkv->pos + qkv->T > qkv->max_seq || !qkv->q || !qkv->k_cache || !qkv->v_cache)
+            return cudaErrorInvalidValue;
+        e.mode = lin::OUT_QKV;
+        e.y = qkv->q;
+        e.k_cache = qkv->k_cache;
+        e.v_cache = qkv->v_cache;
+        e.T = qkv->T;
+        e.pos = qkv->pos;
+        e.nh = qkv->num_heads;
+        e.hs = qkv->head_size;
+        e.max_seq = qkv->max_seq;
+        e.C = C;
+    } else {
+        if (!y || ldy < N) return cudaErrorInvalidValue;
+        e.mode = lin::OUT_PLAIN;
+        e.y = y;
+        e.ldy = ldy;
+    }
+    return (int)lin::launch_linear<true>(x, ldx, ln_gamma, W, wtype == DTYPE_BF16, M, N, K, e, (int)path, stream);
+}
+
+extern "C" int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType wtype, const float *s,
+                               const float *b_folded, void *y, DType ytype, int M, int N, int K, Activation act,
+                               const QKVDest *qkv, cudaStream_t stream) {
+    return fused_ln_linear_ex(x, K, ln_gamma, W, wtype, s, b_folded, y, N, ytype, M, N, K, act, qkv,
+                              LINEAR_PATH_AUTO, stream);
+}

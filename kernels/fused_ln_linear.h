@@ -1,0 +1,90 @@
+// LayerNorm + Linear (+ GELU) in one pass (issue 5): for a row x (fp32, the residual stream) and
+// output column n,
+//
+//   y_n = act( rstd * (sum_k W_nk gamma_k x_k - mean(x) * s_n) + b'_n )
+//   s_n = sum_k W_nk gamma_k,  b'_n = sum_k W_nk beta_k + b_n      (precomputed: ln_fold.cu)
+//   rstd = 1 / sqrt(var(x) + 1e-5)
+//
+// W is [N, K] row-major (llm.c: each output row a dot product over K inputs), fp32 or bf16 with
+// fp32 accumulation. Used for ln1 -> qkv (the QKV output mode below), ln2 -> fc -> GELU and
+// lnf -> logits (W = wte, b' = wte . beta, fp32 logits).
+//
+// Kernels (kernels/linear_kernels.cuh), picked per call by M:
+//   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
+//             in shared memory and normalises them there (exact two-pass statistics: x is tiny),
+//             so the weights multiply the true LayerNorm output.
+//   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
+//             (no TF32). The x tile each K step loads also feeds the row statistics; the formula
+//             above is applied in the epilogue.
+//
+// Numerics of the tiled kernels. The plain one-pass form fails where GPT-2 needs it: a row whose
+// mean is large against its spread loses the variance in E[x^2] - E[x]^2, and W.x - mean * s_n
+// subtracts two large numbers; worse, with bf16 operands the rounding of gamma * x is relative to
+// |x|, not to the spread, so an offset row would be multiplied with errors of |mean| * 2^-9. So
+// every row is shifted by c = the mean of its first min(K, BK) elements (BK = 32 bf16, 16 fp32),
+// known after the first tile: the kernel accumulates d = x - c, sum d, sum d^2 and
+// sum_k W_nk gamma_k d_k (gamma * d rounded to bf16 for the tensor cores), and uses
+//   dmean = sum d / K,  var = sum d^2 / K - dmean^2,  y_n = act(rstd * (acc_n - dmean * s_n) + b'_n)
+// which is the same function (mean = c + dmean) with every term of the size of the spread as long
+// as c is within a few standard deviations of the mean, which the mean of 16-32 values is (a row
+// of 768 with one channel of 500 among N(0, 1) ones puts c at ~16-31, near the row's std of ~18).
+// tests/test_fused_linear.c checks offset rows (mean 100, std 1) and outlier channels (+-500).
+//
+// All pointers are device memory. Nothing is allocated per call and the host never waits: every
+// call can be captured in a CUDA graph. Returns cudaSuccess (0) or the error: cudaErrorInvalidValue
+// for a bad argument, else the launch's.
+#pragma once
+
+#if defined(__cplusplus) && !defined(_Noreturn)
+#define _Noreturn __attribute__((noreturn))
+#endif
+
+#include <cuda_runtime_api.h>
+
+#include "model.h"  // DType
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
+
+// Which kernel; AUTO routes by M, N and dtype (the others exist for tests and benchmarks).
+//   GEMV      any M (rows in slices of up to 16, W re-read per slice)
+//   TILED_XS  32 x 64 tiles, TILED_S 64 x 64, TILED_L 128 x 128
+typedef enum {
+    LINEAR_PATH_AUTO = 0,
+    LINEAR_PATH_GEMV = 1,
+    LINEAR_PATH_TILED_XS = 2,
+    LINEAR_PATH_TILED_S = 3,
+    LINEAR_PATH_TILED_L = 4
+} LinearPath;
+
+// QKV output mode (N = 3C, C = num_heads * head_size): column n < C is q, written to q [M, C]
+// (row m, ytype); columns C..2C-1 are k and 2C..3C-1 are v, written straight into this layer's
+// cache, each [B][num_heads][max_seq][head_size] (ytype): row m = b*T + t goes to position pos + t.
+typedef struct {
+    void *q;
+    void *k_cache, *v_cache;
+    int T, pos, num_heads, head_size, max_seq;
+} QKVDest;
+
+// y = act(LayerNorm(x) W^T + b) through the folded form above.
+//   x         fp32 [M, K] (row stride K)
+//   ln_gamma  fp32 [K]
+//   W         wtype [N, K]
+//   s, b_folded  fp32 [N] (ln_fold.cu; b_folded may be NULL: no bias at all)
+//   y         ytype [M, N], or NULL when qkv is given
+int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType wtype, const float *s,
+                    const float *b_folded, void *y, DType ytype, int M, int N, int K, Activation act,
+                    const QKVDest *qkv, cudaStream_t stream);
+
+// The same with row strides and a forced kernel: x rows ldx floats apart (e.g. each sequence's
+// last token: x + (T-1)*C with ldx = T*C), y rows ldy elements apart (plain output only).
+int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
+                       const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M, int N,
+                       int K, Activation act, const QKVDest *qkv, LinearPath path, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,866 @@
+// The kernels behind fused_ln_linear.cu and linear_residual.cu (issue 5): one family of
+// "y = x W^T" kernels for W [N, K] row-major (llm.c layout), each with an optional LayerNorm in
+// front (fused into the K loop) and one of three epilogues behind:
+//   OUT_PLAIN     y[m, n] = act(v)                      fp32 or bf16, row stride ldy
+//   OUT_QKV       as PLAIN, but column n of 3C goes to q [M, C] or this layer's K/V cache
+//   OUT_RESIDUAL  residual[m, n] += v                   fp32, read-modify-write
+// where v = acc + b[n] (plain linear), or v = rstd (acc - dmean s[n]) + b'[n] (LayerNorm folded,
+// docs/DESIGN.md; dmean and acc taken around a per-row shift, see "Numerics" in fused_ln_linear.h).
+//
+// Three kernels, picked by the launchers by M and dtype:
+//   gemv_kernel   M <= 16 (decode). Each block stages its rows of x in shared memory once
+//                 (normalised there when LN: x is tiny, so the statistics are exact two-pass),
+//                 then each warp streams whole W rows with 16-byte loads, NPW rows at a time,
+//                 every SM busy; lanes split K, a butterfly sums them.
+//   tc_kernel     bf16, any M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, W tiles by
+//                 cp.async in a 3-stage ring. With LN, the fp32 x tile goes global -> registers
+//                 (next tile in flight while this one multiplies) -> shift, row sums, *gamma ->
+//                 bf16 -> shared memory: the row statistics ride along the same K loop.
+//   simt_kernel   fp32, any M: register-tiled FFMA (no TF32: the fp32 path must match fp32
+//                 references to 1e-5), same LN handling as tc_kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace lin {
+
+typedef __nv_bfloat16 bf16;
+
+enum { OUT_PLAIN = 0, OUT_QKV = 1, OUT_RESIDUAL = 2 };
+
+constexpr float LN_EPS = 1e-5f;
+
+struct Epilogue {
+    int mode;            // OUT_*
+    int gelu;            // 1: GELU (tanh approximation) after the bias
+    int y_bf16;          // PLAIN / QKV: output dtype
+    void *y;             // PLAIN: [M, N] row stride ldy; QKV: q [M, C]
+    long long ldy;
+    void *k_cache, *v_cache;  // QKV: [B][NH][max_seq][HS]
+    int T, pos, nh, hs, max_seq, C;
+    float *residual;     // RESIDUAL: [M, N] fp32
+    const float *bias;   // b (plain linear) or b' (LN folded); NULL: none
+    const float *s;      // LN folded: s_n
+    int N;
+};
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// Row m, column n with its final pre-bias value v.
+__device__ __forceinline__ void epi_store(const Epilogue &e, int m, int n, float v) {
+    if (e.bias) v += e.bias[n];
+    if (e.mode == OUT_RESIDUAL) {
+        float *p = e.residual + (size_t)m * e.N + n;
+        *p += v;
+        return;
+    }
+    if (e.gelu) v = gelu_tanh(v);
+    size_t idx;
+    void *dst;
+    if (e.mode == OUT_QKV) {
+        int which = n / e.C, c = n - which * e.C;
+        if (which == 0) {
+            dst = e.y;
+            idx = (size_t)m * e.C + c;
+        } else {
+            int b = m / e.T, t = m - b * e.T;
+            int h = c / e.hs, d = c - h * e.hs;
+            dst = which == 1 ? e.k_cache : e.v_cache;
+            idx = (((size_t)b * e.nh + h) * e.max_seq + e.pos + t) * e.hs + d;
+        }
+    } else {
+        dst = e.y;
+        idx = (size_t)m * e.ldy + n;
+    }
+    if (e.y_bf16) ((bf16 *)dst)[idx] = __float2bfloat16_rn(v);
+    else ((float *)dst)[idx] = v;
+}
+
+// Folded LayerNorm: v = rstd * (acc - dmean * s_n); plain: v = acc.
+__device__ __forceinline__ float ln_apply(const Epilogue &e, bool ln, int n, float acc, float dmean, float rstd) {
+    return ln ? rstd * (acc - dmean * e.s[n]) : acc;
+}
+
+__device__ __forceinline__ float bf16lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// ----------------------------------------------------------------------------
+// GEMV (decode): M <= MT <= 16 rows.
+//
+// Shared memory: xs[MT][KP] of XT (fp32, or bf16 for a bf16 plain-linear x), KP = K rounded up to
+// one warp chunk (32 lanes x VEC). With fp32 xs and bf16 W (VEC = 8) a lane needs 8 consecutive
+// floats = two 16-byte reads 32 bytes apart from its neighbour's: a 2-way bank conflict. So within
+// each 256-element chunk the first halves of all lanes' 8-groups are stored first, then the second
+// halves (xs_pos), and each of the lane's two reads is conflict-free.
+
+constexpr int GEMV_THREADS = 512;
+constexpr int GEMV_WARPS = GEMV_THREADS / 32;
+
+template <typename WT, typename XT>
+__device__ __forceinline__ int xs_pos(int k) {
+    if (sizeof(WT) == 2 && sizeof(XT) == 4)
+        return (k & ~255) | (((k >> 2) & 1) << 7) | (((k >> 3) & 31) << 2) | (k & 3);
+    return k;
+}
+
+// x element (m, k) of the caller's x as float.
+template <typename XT>
+__device__ __forceinline__ float load_x(const XT *x, long long ldx, int m, int k) {
+    if constexpr (sizeof(XT) == 2) return __bfloat162float(x[(size_t)m * ldx + k]);
+    else return x[(size_t)m * ldx + k];
+}
+
+// 16 bytes of W row n at column k: VEC elements as raw bits; zero past N or K.
+template <typename WT>
+__device__ __forceinline__ uint4 load_w16(const WT *W, int N, int K, int n, int k, bool vec) {
+    constexpr int VEC = 16 / sizeof(WT);
+    uint4 r = make_uint4(0, 0, 0, 0);
+    if (n >= N || k >= K) return r;
+    const WT *p = W + (size_t)n * K + k;
+    if (vec) {
+        r = __ldg(reinterpret_cast<const uint4 *>(p));
+    } else {
+        WT tmp[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) tmp[e] = (k + e < K) ? p[e] : WT(0.0f);
+        memcpy(&r, tmp, 16);
+    }
+    return r;
+}
+
+// acc[m][j] += dot(w (VEC elements), xs[m][k .. k+VEC)).
+template <typename WT, typename XT, int MT, int NPW>
+__device__ __forceinline__ void gemv_fma(float (&acc)[MT][NPW], const uint4 (&w)[NPW], const XT *xs, int KP, int k) {
+    constexpr int VEC = 16 / sizeof(WT);
+    float wf[NPW][VEC];
+#pragma unroll
+    for (int j = 0; j < NPW; j++) {
+        if constexpr (VEC == 8) {
+            const uint32_t u[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                wf[j][2 * q] = bf16lo(u[q]);
+                wf[j][2 * q + 1] = bf16hi(u[q]);
+            }
+        } else {
+            wf[j][0] = __uint_as_float(w[j].x);
+            wf[j][1] = __uint_as_float(w[j].y);
+            wf[j][2] = __uint_as_float(w[j].z);
+            wf[j][3] = __uint_as_float(w[j].w);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float xv[VEC];
+        const XT *row = xs + (size_t)m * KP;
+        if constexpr (sizeof(XT) == 2) {  // bf16 xs, VEC = 8: one 16-byte read
+            uint4 u = *reinterpret_cast<const uint4 *>(row + k);
+            const uint32_t uu[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                xv[2 * q] = bf16lo(uu[q]);
+                xv[2 * q + 1] = bf16hi(uu[q]);
+            }
+        } else if constexpr (VEC == 8) {  // fp32 xs, permuted: halves 128 floats apart
+            const int base = (k & ~255) + (((k >> 3) & 31) << 2);
+            float4 a = *reinterpret_cast<const float4 *>(row + base);
+            float4 b = *reinterpret_cast<const float4 *>(row + base + 128);
+            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+            xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+        } else {
+            float4 a = *reinterpret_cast<const float4 *>(row + k);
+            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+        }
+#pragma unroll
+        for (int j = 0; j < NPW; j++)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) acc[m][j] = fmaf(wf[j][e], xv[e], acc[m][j]);
+    }
+}
+
+// Rows [m0, m0 + MT) ∩ [0, M) of x (row stride ldx) against all N columns. LN: x fp32 and
+// gamma given; the block normalises its rows in shared memory (exact two-pass mean / variance),
+// so the epilogue adds b' only (s unused). Grid: any number of blocks; warp w of block b takes
+// column groups b + gridDim * (w + WARPS * i), so each SM gets an even share whatever N is.
+template <typename WT, typename XT, int MT, int NPW, int U, bool LN>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ gamma, const WT *__restrict__ W,
+            int m0, int M, int N, int K, int KP, Epilogue e) {
+    constexpr int VEC = 16 / sizeof(WT);
+    constexpr int CH = 32 * VEC;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    XT *xs = reinterpret_cast<XT *>(smem_raw);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int rows = min(MT, M - m0);
+    const bool vec = (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
+    const int ngroups = (N + NPW - 1) / NPW;
+    const int nch = KP / CH;
+
+    // The first W batch is in flight while x is staged and normalised.
+    int g = blockIdx.x + gridDim.x * warp;
+    uint4 wv[U][NPW];
+    auto load_batch = [&](int grp, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < NPW; j++)
+                wv[u][j] = (c0 + u < nch) ? load_w16<WT>(W, N, K, grp * NPW + j, (c0 + u) * CH + lane * VEC, vec)
+                                          : make_uint4(0, 0, 0, 0);
+    };
+    if (g < ngroups) load_batch(g, 0);
+
+    // Stage rows (zero past K and past the last row, so padded lanes add nothing).
+    for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
+        int m = i / KP, k = i - m * KP;
+        float v = (m < rows && k < K) ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
+        if constexpr (sizeof(XT) == 2) xs[(size_t)m * KP + k] = __float2bfloat16_rn(v);
+        else xs[(size_t)m * KP + xs_pos<WT, XT>(k)] = v;
+    }
+    __syncthreads();
+    if constexpr (LN) {
+        // Two passes over the row around c = x[0]: x - c is exact for an offset row (Sterbenz), and
+        // the mean is never formed, only dmean = mean - c, so no rounding of a large mean enters.
+        for (int m = warp; m < rows; m += GEMV_WARPS) {
+            float *row = reinterpret_cast<float *>(xs) + (size_t)m * KP;
+            const float c = row[0];  // xs_pos(0) == 0
+            float s = 0.0f;
+            for (int k = lane; k < K; k += 32) s += row[xs_pos<WT, XT>(k)] - c;
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            const float dm = s / K;
+            float q = 0.0f;
+            for (int k = lane; k < K; k += 32) {
+                float d = (row[xs_pos<WT, XT>(k)] - c) - dm;
+                q = fmaf(d, d, q);
+            }
+            for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+            const float rstd = 1.0f / sqrtf(q / K + LN_EPS);
+            __syncwarp();  // every lane has read c = row[0] before lane 0 overwrites it
+            for (int k = lane; k < K; k += 32) {
+                int p = xs_pos<WT, XT>(k);
+                row[p] = ((row[p] - c) - dm) * rstd * gamma[k];
+            }
+        }
+        __syncthreads();
+    }
+
+    for (; g < ngroups; g += gridDim.x * GEMV_WARPS) {
+        float acc[MT][NPW];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NPW; j++) acc[m][j] = 0.0f;
+        for (int c0 = 0; c0 < nch; c0 += U) {
+            if (c0 > 0) load_batch(g, c0);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (c0 + u < nch) gemv_fma<WT, XT, MT, NPW>(acc, wv[u], xs, KP, (c0 + u) * CH + lane * VEC);
+        }
+        const int gn = g + gridDim.x * GEMV_WARPS;
+        if (gn < ngroups) load_batch(gn, 0);  // next group's first batch under this one's reduction
+        // Butterfly: every lane ends with every sum; lane i % 32 stores item i.
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NPW; j++) {
+                float v = acc[m][j];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                const int n = g * NPW + j;
+                if (((m * NPW + j) & 31) == lane && m < rows && n < N) epi_store(e, m0 + m, n, v);
+            }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Shared pieces of the tiled kernels: the LayerNorm'd A tile.
+//
+// A thread loads float4 chunks q = tid + i * THREADS of a BM x BK fp32 tile: row q / (BK/4),
+// columns 4 * (q % (BK/4)); THREADS is a multiple of BK/4, so each thread keeps one column
+// quad and its own rows, and keeps their partial sums in registers for the whole K loop.
+
+template <int BM, int BK, int THREADS>
+struct ATileF32 {
+    static constexpr int QPR = BK / 4;                           // quads per row
+    static constexpr int NQ = (BM * QPR + THREADS - 1) / THREADS;  // quads per thread
+    float4 v[NQ];
+
+    __device__ __forceinline__ void load(const float *__restrict__ x, long long ldx, int M, int K, int m0, int k0,
+                                         bool vec, int tid) {
+#pragma unroll
+        for (int i = 0; i < NQ; i++) {
+            const int q = tid + i * THREADS;
+            const int r = q / QPR, k = k0 + 4 * (q % QPR), m = m0 + r;
+            float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (q < BM * QPR && m < M) {
+                const float *p = x + (size_t)m * ldx + k;
+                if (vec && k + 4 <= K) {
+                    t = __ldg(reinterpret_cast<const float4 *>(p));
+                } else {
+                    if (k + 0 < K) t.x = p[0];
+                    if (k + 1 < K) t.y = p[1];
+                    if (k + 2 < K) t.z = p[2];
+                    if (k + 3 < K) t.w = p[3];
+                }
+            }
+            v[i] = t;
+        }
+    }
+};
+
+// Shift per row: the mean of the row's first min(K, BK) elements, summed as 4 in-thread then a
+// butterfly over the QPR lanes of the row (tests/test_fused_linear.c repeats this order exactly).
+template <int BM, int BK, int THREADS>
+__device__ __forceinline__ void ln_shift(const ATileF32<BM, BK, THREADS> &a, float (&c)[ATileF32<BM, BK, THREADS>::NQ],
+                                         int K) {
+    constexpr int QPR = BK / 4;
+    const float cnt = (float)min(K, BK);
+#pragma unroll
+    for (int i = 0; i < ATileF32<BM, BK, THREADS>::NQ; i++) {
+        float s = ((a.v[i].x + a.v[i].y) + a.v[i].z) + a.v[i].w;  // zero past K
+#pragma unroll
+        for (int o = 1; o < QPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        c[i] = s / cnt;
+    }
+}
+
+// d = x - c; row sums of d and d^2 (valid columns only); a = d * gamma.
+template <int NQ>
+__device__ __forceinline__ void ln_process(float4 (&v)[NQ], const float (&c)[NQ], float (&s1)[NQ], float (&s2)[NQ],
+                                           const float *__restrict__ gamma, int K, int k) {
+    float g[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) g[e] = (k + e < K) ? __ldg(gamma + k + e) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NQ; i++) {
+        float t[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float d = (k + e < K) ? t[e] - c[i] : 0.0f;
+            s1[i] += d;
+            s2[i] = fmaf(d, d, s2[i]);
+            t[e] = d * g[e];
+        }
+        v[i] = make_float4(t[0], t[1], t[2], t[3]);
+    }
+}
+
+// After the K loop: the row's (dmean, rstd) into shared memory, from the QPR lanes' partials.
+template <int NQ, int QPR, int BM, int THREADS>
+__device__ __forceinline__ void ln_finish(float (&s1)[NQ], float (&s2)[NQ], const float (&c)[NQ], float *row_dmean,
+                                          float *row_rstd, int K, int tid) {
+#pragma unroll
+    for (int i = 0; i < NQ; i++) {
+        float a = s1[i], b = s2[i];
+#pragma unroll
+        for (int o = 1; o < QPR; o <<= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+            b += __shfl_xor_sync(0xffffffffu, b, o);
+        }
+        const int q = tid + i * THREADS;
+        if (q % QPR == 0 && q < BM * QPR) {
+            const float dm = a / K;
+            const float var = fmaxf(b / K - dm * dm, 0.0f);
+            row_dmean[q / QPR] = dm;
+            row_rstd[q / QPR] = 1.0f / sqrtf(var + LN_EPS);
+        }
+        (void)c;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Tensor-core kernel (bf16 W; x fp32 with LN, bf16 without).
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    const int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+constexpr int TC_BK = 32;
+constexpr int TC_LDS = TC_BK + 8;  // bf16 per shared row: 80 bytes, ldmatrix rows hit distinct banks
+constexpr int TC_STAGES = 3;
+
+template <int BM, int BN, bool LN>
+constexpr int tc_smem_bytes() {
+    return ((LN ? 2 : TC_STAGES) * BM + TC_STAGES * BN) * TC_LDS * 2 + (LN ? 2 * BM * 4 : 0);
+}
+
+// A [rows][BK] bf16 tile of a bf16 matrix (row stride ld) into shared memory, cp.async (16-byte
+// chunks, zero-filled outside) or, when rows are not 16-byte aligned, plain loads.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void tile_bf16_async(bf16 *dst, const bf16 *__restrict__ src, long long ld, int nrows,
+                                                int K, int r0, int k0, bool vec, int tid) {
+    constexpr int CHUNKS = ROWS * (TC_BK / 8);
+#pragma unroll
+    for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; i++) {
+        const int q = tid + i * THREADS;
+        if (q < CHUNKS) {
+            const int r = q / (TC_BK / 8), kc = 8 * (q % (TC_BK / 8));
+            const int gr = r0 + r, gk = k0 + kc;
+            bf16 *d = dst + r * TC_LDS + kc;
+            if (vec) {
+                const bool ok = gr < nrows && gk < K;
+                const bf16 *s = ok ? src + (size_t)gr * ld + gk : src;
+                cp_async16(d, s, ok);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    d[e] = (gr < nrows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : __float2bfloat16_rn(0.0f);
+            }
+        }
+    }
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, bool LN>
+__global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
+tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
+          int M, int N, int K, Epilogue e) {
+    constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+    constexpr int MI = WTM / 16, NI = WTN / 8;
+    static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
+    constexpr int ASTAGES = LN ? 2 : TC_STAGES;
+    using AT = ATileF32<BM, TC_BK, THREADS>;
+    constexpr int NQ = AT::NQ;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
+    bf16 *Bs = As + ASTAGES * BM * TC_LDS;
+    float *row_dmean = reinterpret_cast<float *>(Bs + TC_STAGES * BN * TC_LDS);
+    float *row_rstd = row_dmean + BM;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int KT = (K + TC_BK - 1) / TC_BK;
+    const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
+
+    // LN state: this thread's rows' shift and running sums.
+    AT areg;
+    float c[NQ], s1[NQ], s2[NQ];
+    const float *xf = reinterpret_cast<const float *>(x_);
+    const bf16 *xb = reinterpret_cast<const bf16 *>(x_);
+    const bool xvec = LN ? ((ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x_) % 16) == 0)
+                         : ((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x_) % 16) == 0);
+    const int qcol = 4 * (tid % AT::QPR);
+
+    auto store_a = [&](int stage) {  // processed registers -> bf16 shared tile
+#pragma unroll
+        for (int i = 0; i < NQ; i++) {
+            const int q = tid + i * THREADS;
+            if (q < BM * AT::QPR) {
+                uint2 u = make_uint2(pack_bf16x2(areg.v[i].x, areg.v[i].y), pack_bf16x2(areg.v[i].z, areg.v[i].w));
+                *reinterpret_cast<uint2 *>(As + stage * BM * TC_LDS + (q / AT::QPR) * TC_LDS + qcol) = u;
+            }
+        }
+    };
+
+    // Prologue: W (and bf16 x) tiles 0 .. STAGES-2 in flight; LN x tile 0 processed.
+#pragma unroll
+    for (int st = 0; st < TC_STAGES - 1; st++) {
+        if (st < KT) {
+            tile_bf16_async<BN, THREADS>(Bs + st * BN * TC_LDS, W, K, N, K, n0, st * TC_BK, wvec, tid);
+            if constexpr (!LN) tile_bf16_async<BM, THREADS>(As + st * BM * TC_LDS, xb, ldx, M, K, m0, st * TC_BK, xvec, tid);
+        }
+        cp_async_commit();
+    }
+    if constexpr (LN) {
+        areg.load(xf, ldx, M, K, m0, 0, xvec, tid);
+        ln_shift<BM, TC_BK, THREADS>(areg, c, K);
+#pragma unroll
+        for (int i = 0; i < NQ; i++) s1[i] = s2[i] = 0.0f;
+        ln_process<NQ>(areg.v, c, s1, s2, gamma, K, qcol);
+        store_a(0);
+    }
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+
+    for (int kt = 0; kt < KT; kt++) {
+        if constexpr (LN) {
+            if (kt + 1 < KT) areg.load(xf, ldx, M, K, m0, (kt + 1) * TC_BK, xvec, tid);
+        }
+        cp_async_wait<TC_STAGES - 2>();
+        __syncthreads();
+        {
+            const int nt = kt + TC_STAGES - 1;
+            if (nt < KT) {
+                tile_bf16_async<BN, THREADS>(Bs + (nt % TC_STAGES) * BN * TC_LDS, W, K, N, K, n0, nt * TC_BK, wvec, tid);
+                if constexpr (!LN)
+                    tile_bf16_async<BM, THREADS>(As + (nt % TC_STAGES) * BM * TC_LDS, xb, ldx, M, K, m0, nt * TC_BK,
+                                                 xvec, tid);
+            }
+            cp_async_commit();
+        }
+        const bf16 *as = As + (kt % ASTAGES) * BM * TC_LDS;
+        const bf16 *bs = Bs + (kt % TC_STAGES) * BN * TC_LDS;
+#pragma unroll
+        for (int kk = 0; kk < TC_BK; kk += 16) {
+            uint32_t af[MI][4], bfr[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+                ldmatrix_x4(af[i], as + (wm * WTM + i * 16 + (lane % 16)) * TC_LDS + kk + (lane / 16) * 8);
+#pragma unroll
+            for (int j = 0; j < NI; j += 2) {
+                uint32_t r[4];
+                ldmatrix_x4(r, bs + (wn * WTN + j * 8 + (lane % 8) + (lane / 16) * 8) * TC_LDS + kk +
+                                   ((lane / 8) % 2) * 8);
+                bfr[j][0] = r[0];
+                bfr[j][1] = r[1];
+                bfr[j + 1][0] = r[2];
+                bfr[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+        }
+        if constexpr (LN) {
+            if (kt + 1 < KT) {
+                ln_process<NQ>(areg.v, c, s1, s2, gamma, K, (kt + 1) * TC_BK + qcol);
+                store_a((kt + 1) % 2);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    if constexpr (LN) {
+        ln_finish<NQ, AT::QPR, BM, THREADS>(s1, s2, c, row_dmean, row_rstd, K, tid);
+        __syncthreads();
+    }
+
+    const int gid = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = wm * WTM + i * 16 + gid + h * 8, m = m0 + r;
+            if (m >= M) continue;
+            const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
+#pragma unroll
+            for (int j = 0; j < NI; j++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const int n = n0 + wn * WTN + j * 8 + 2 * tig + q;
+                    if (n < N) epi_store(e, m, n, ln_apply(e, LN, n, acc[i][j][h * 2 + q], dm, rs));
+                }
+        }
+}
+
+// ----------------------------------------------------------------------------
+// fp32 SIMT kernel: BM x BN tile, TM x TN per thread, BK = 16, tiles transposed into shared
+// memory (k-major) so each thread reads its TM and TN values as float4s.
+
+constexpr int SIMT_BK = 16;
+
+template <int BM, int BN, int TM, int TN>
+constexpr int simt_threads() { return (BM / TM) * (BN / TN); }
+
+template <int BM, int BN, int TM, int TN, bool LN>
+__global__ void __launch_bounds__(simt_threads<BM, BN, TM, TN>())
+simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict__ gamma, const float *__restrict__ W,
+            int M, int N, int K, Epilogue e) {
+    constexpr int THREADS = simt_threads<BM, BN, TM, TN>();
+    constexpr int BK = SIMT_BK;
+    using AT = ATileF32<BM, BK, THREADS>;
+    using BT = ATileF32<BN, BK, THREADS>;
+    constexpr int NQ = AT::NQ;
+    __shared__ __align__(16) float As[2][BK][BM + 4];
+    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+    __shared__ float row_dmean[BM], row_rstd[BM];
+
+    const int tid = threadIdx.x;
+    const int tx = tid % (BN / TN), ty = tid / (BN / TN);
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int KT = (K + BK - 1) / BK;
+    const bool xvec = (ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    const bool wvec = (K % 4) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
+    const int qcol = 4 * (tid % AT::QPR);
+
+    AT a;
+    BT b;
+    float c[NQ], s1[NQ], s2[NQ];
+#pragma unroll
+    for (int i = 0; i < NQ; i++) c[i] = s1[i] = s2[i] = 0.0f;
+
+    auto store = [&](int st) {
+#pragma unroll
+        for (int i = 0; i < NQ; i++) {
+            const int q = tid + i * THREADS;
+            if (q < BM * AT::QPR) {
+                const int r = q / AT::QPR;
+                As[st][qcol + 0][r] = a.v[i].x;
+                As[st][qcol + 1][r] = a.v[i].y;
+                As[st][qcol + 2][r] = a.v[i].z;
+                As[st][qcol + 3][r] = a.v[i].w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BT::NQ; i++) {
+            const int q = tid + i * THREADS;
+            if (q < BN * BT::QPR) {
+                const int r = q / BT::QPR;
+                Bs[st][qcol + 0][r] = b.v[i].x;
+                Bs[st][qcol + 1][r] = b.v[i].y;
+                Bs[st][qcol + 2][r] = b.v[i].z;
+                Bs[st][qcol + 3][r] = b.v[i].w;
+            }
+        }
+    };
+
+    a.load(x, ldx, M, K, m0, 0, xvec, tid);
+    b.load(W, K, N, K, n0, 0, wvec, tid);
+    if constexpr (LN) {
+        ln_shift<BM, BK, THREADS>(a, c, K);
+        ln_process<NQ>(a.v, c, s1, s2, gamma, K, qcol);
+    }
+    store(0);
+    __syncthreads();
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % 2;
+        if (kt + 1 < KT) {
+            a.load(x, ldx, M, K, m0, (kt + 1) * BK, xvec, tid);
+            b.load(W, K, N, K, n0, (kt + 1) * BK, wvec, tid);
+        }
+#pragma unroll
+        for (int k = 0; k < BK; k++) {
+            float av[TM], bv[TN];
+#pragma unroll
+            for (int i = 0; i < TM; i += 4) {
+                float4 t = *reinterpret_cast<const float4 *>(&As[st][k][ty * TM + i]);
+                av[i] = t.x; av[i + 1] = t.y; av[i + 2] = t.z; av[i + 3] = t.w;
+            }
+#pragma unroll
+            for (int j = 0; j < TN; j += 4) {
+                float4 t = *reinterpret_cast<const float4 *>(&Bs[st][k][tx * TN + j]);
+                bv[j] = t.x; bv[j + 1] = t.y; bv[j + 2] = t.z; bv[j + 3] = t.w;
+            }
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if (kt + 1 < KT) {
+            if constexpr (LN) ln_process<NQ>(a.v, c, s1, s2, gamma, K, (kt + 1) * BK + qcol);
+            store(st ^ 1);
+        }
+        __syncthreads();
+    }
+
+    if constexpr (LN) {
+        ln_finish<NQ, AT::QPR, BM, THREADS>(s1, s2, c, row_dmean, row_rstd, K, tid);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        const int r = ty * TM + i, m = m0 + r;
+        if (m >= M) continue;
+        const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
+#pragma unroll
+        for (int j = 0; j < TN; j++) {
+            const int n = n0 + tx * TN + j;
+            if (n < N) epi_store(e, m, n, ln_apply(e, LN, n, acc[i][j], dm, rs));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Host side: device facts cached per device, and the dynamic shared memory opt-in.
+
+struct DeviceInfo {
+    int sms, smem_optin, cc;
+};
+
+inline int device_info(DeviceInfo *out) {
+    static DeviceInfo cache[16];
+    static int have[16];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return (int)err;
+    if (dev < 16 && have[dev]) {
+        *out = cache[dev];
+        return 0;
+    }
+    DeviceInfo d;
+    int major = 0, minor = 0;
+    if ((err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)err;
+    if ((err = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
+        return (int)err;
+    if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess) return (int)err;
+    if ((err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev)) != cudaSuccess) return (int)err;
+    d.cc = major * 10 + minor;
+    if (dev < 16) {
+        cache[dev] = d;
+        have[dev] = 1;
+    }
+    *out = d;
+    return 0;
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` once per device (above 48 KB only).
+template <typename F>
+inline cudaError_t allow_smem(F *kernel, int bytes) {
+    static int done_bytes[16];
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    if (dev < 16 && done_bytes[dev] >= bytes) return cudaSuccess;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && dev < 16) done_bytes[dev] = bytes;
+    return err;
+}
+
+}  // namespace lin
+
+// ----------------------------------------------------------------------------
+// The dispatch both launchers share: LN = LayerNorm folded in (x fp32, gamma given), else a
+// plain linear with x in W's dtype. `path` is one of the LINEAR_PATH_* values of
+// fused_ln_linear.h (0 = auto).
+
+namespace lin {
+
+enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4 };
+
+// Auto routing, from tests/bench_fused_linear.c's sweep (docs/PERF.md).
+inline int auto_path(int M, int N, bool w_bf16, const DeviceInfo &d) {
+    if (M <= 16) return PATH_GEMV;
+    const long long tiles_l = (long long)((M + 127) / 128) * ((N + 127) / 128);
+    const long long tiles_s = (long long)((M + 63) / 64) * ((N + 63) / 64);
+    if (tiles_l >= 2LL * d.sms) return PATH_TILED_L;
+    if (tiles_s >= 2LL * d.sms || !w_bf16) return PATH_TILED_S;
+    return PATH_TILED_XS;
+}
+
+template <typename WT, typename XT, int MT, int NPW, int U, bool LN>
+inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma, const WT *W, int M, int N, int K,
+                                  const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
+    constexpr int CH = 32 * (16 / sizeof(WT));
+    const int KP = (K + CH - 1) / CH * CH;
+    const int smem = MT * KP * (int)sizeof(XT);
+    auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
+    cudaError_t err = allow_smem(kern, smem);
+    if (err != cudaSuccess) return err;
+    const int ngroups = (N + NPW - 1) / NPW;
+    const int grid = ngroups < d.sms ? ngroups : d.sms;
+    for (int m0 = 0; m0 < M; m0 += MT) {
+        kern<<<grid, GEMV_THREADS, smem, stream>>>(x, ldx, gamma, W, m0, M, N, K, KP, e);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+template <typename WT, typename XT, bool LN>
+inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, const WT *W, int M, int N, int K,
+                               const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
+    constexpr int CH = 32 * (16 / sizeof(WT));
+    const long long row_bytes = (long long)(K + CH - 1) / CH * CH * (long long)sizeof(XT);
+    int mt = 1;
+    while (mt < 16 && mt < M) mt *= 2;
+    while (mt > 1 && mt * row_bytes > d.smem_optin) mt /= 2;
+    if (row_bytes > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
+    switch (mt) {
+    case 1: return launch_gemv_mt<WT, XT, 1, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
+    case 2: return launch_gemv_mt<WT, XT, 2, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
+    case 4: return launch_gemv_mt<WT, XT, 4, 4, 2, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
+    case 8: return launch_gemv_mt<WT, XT, 8, 4, 2, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
+    default: return launch_gemv_mt<WT, XT, 16, 2, 2, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
+    }
+}
+
+template <int BM, int BN, int WM, int WN, bool LN>
+inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
+                             const Epilogue &e, cudaStream_t stream) {
+    constexpr int smem = tc_smem_bytes<BM, BN, LN>();
+    auto kern = tc_kernel<BM, BN, WM, WN, LN>;
+    cudaError_t err = allow_smem(kern, smem);
+    if (err != cudaSuccess) return err;
+    dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
+    if (grid.y > 65535) return cudaErrorInvalidValue;
+    kern<<<grid, WM * WN * 32, smem, stream>>>(x, ldx, gamma, W, M, N, K, e);
+    return cudaGetLastError();
+}
+
+template <int BM, int BN, int TM, int TN, bool LN>
+inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma, const float *W, int M, int N, int K,
+                               const Epilogue &e, cudaStream_t stream) {
+    dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
+    if (grid.y > 65535) return cudaErrorInvalidValue;
+    simt_kernel<BM, BN, TM, TN, LN><<<grid, simt_threads<BM, BN, TM, TN>(), 0, stream>>>(x, ldx, gamma, W, M, N, K, e);
+    return cudaGetLastError();
+}
+
+template <bool LN>
+inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamma, const void *W, bool w_bf16, int M,
+                                 int N, int K, const Epilogue &e, int path, cudaStream_t stream) {
+    DeviceInfo d;
+    int rc = device_info(&d);
+    if (rc) return (cudaError_t)rc;
+    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, d);
+    if (path == PATH_GEMV) {
+        if (w_bf16) {
+            if constexpr (LN)
+                return launch_gemv<bf16, float, LN>((const float *)x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
+            else
+                return launch_gemv<bf16, bf16, LN>((const bf16 *)x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
+        }
+        return launch_gemv<float, float, LN>((const float *)x, ldx, gamma, (const float *)W, M, N, K, e, d, stream);
+    }
+    if (w_bf16) {
+        const bf16 *Wb = (const bf16 *)W;
+        switch (path) {
+        case PATH_TILED_XS: return launch_tc<32, 64, 1, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
+        case PATH_TILED_S: return launch_tc<64, 64, 2, 2, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
+        case PATH_TILED_L: return launch_tc<128, 128, 2, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
+        default: return cudaErrorInvalidValue;
+        }
+    }
+    const float *xf = (const float *)x, *Wf = (const float *)W;
+    switch (path) {
+    case PATH_TILED_XS: return launch_simt<32, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, stream);
+    case PATH_TILED_S: return launch_simt<64, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, stream);
+    case PATH_TILED_L: return launch_simt<128, 128, 8, 8, LN>(xf, ldx, gamma, Wf, M, N, K, e, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace lin

@@ -1,0 +1,425 @@
+// Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
+//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick]
+//
+// fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
+// LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
+// accumulate) -> bias + GELU kernel (kernels/unfused_baseline.cu), at K=768 -> N=3072 (GPT-2 124M's
+// fc) and K=1024 -> N=4096 (the seed post's), M in {1, 16, 64, 512, 4096}, fp32 and bf16. Also
+// linear_residual against cuBLAS + a residual-add kernel at GPT-2's two projections.
+//
+// Every variant is validated against the baseline before it is timed. Timing: CUDA events, 5
+// warm-ups, then (a) "eager": one event pair per call, median of 30, host launches included as the
+// GPU sees them; (b) "graph": 20 calls captured in a CUDA graph, median of 21 replays / 20. Input
+// sets (x, W) rotate so that W is not in L2 from the previous call: enough sets to cover 3x the L2.
+// Bandwidth: a 1 GiB device-to-device copy (bytes read + written over time) is the ceiling M=1
+// is compared with.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+#if GPT2_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "fused_ln_linear.h"
+#include "linear_residual.h"
+#include "unfused_baseline.h"
+
+#define CK(call)                                                                                      \
+    do {                                                                                              \
+        cudaError_t e_ = (cudaError_t)(call);                                                         \
+        if (e_ != cudaSuccess) die("%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    } while (0)
+#define CB(call)                                                                                        \
+    do {                                                                                                \
+        cublasStatus_t s_ = (call);                                                                     \
+        if (s_ != CUBLAS_STATUS_SUCCESS) die("%s:%d: %s: cuBLAS %d", __FILE__, __LINE__, #call, (int)s_); \
+    } while (0)
+
+static uint64_t rng = 0x1234567ull;
+static float frand(void) {  // uniform in [-1, 1)
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) * (1.0 / 8388608.0) - 1.0);
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+    qsort(v, n, sizeof(float), cmp_float);
+    return v[n / 2];
+}
+
+static cudaStream_t stream;
+static cublasHandle_t cublas;
+static cudaEvent_t ev0, ev1;
+static int l2_bytes;
+
+// One variant: enqueue(set) runs it on input set `set`.
+typedef void (*EnqueueFn)(void *ctx, int set);
+
+typedef struct {
+    float eager_us, graph_us;
+} Timing;
+
+static Timing time_it(EnqueueFn fn, void *ctx, int nsets) {
+    Timing t;
+    for (int i = 0; i < 5; i++) fn(ctx, i % nsets);
+    CK(cudaStreamSynchronize(stream));
+    float v[30];
+    for (int i = 0; i < 30; i++) {
+        CK(cudaEventRecord(ev0, stream));
+        fn(ctx, (i + 5) % nsets);
+        CK(cudaEventRecord(ev1, stream));
+        CK(cudaEventSynchronize(ev1));
+        CK(cudaEventElapsedTime(&v[i], ev0, ev1));
+    }
+    t.eager_us = median(v, 30) * 1000.0f;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 20; i++) fn(ctx, i % nsets);
+    CK(cudaStreamEndCapture(stream, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, stream));
+    CK(cudaStreamSynchronize(stream));
+    float r[21];
+    for (int i = 0; i < 21; i++) {
+        CK(cudaEventRecord(ev0, stream));
+        CK(cudaGraphLaunch(ge, stream));
+        CK(cudaEventRecord(ev1, stream));
+        CK(cudaEventSynchronize(ev1));
+        CK(cudaEventElapsedTime(&r[i], ev0, ev1));
+    }
+    t.graph_us = median(r, 21) * 1000.0f / 20.0f;
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return t;
+}
+
+// ----------------------------------------------------------------------------
+// LayerNorm + Linear + GELU
+
+typedef struct {
+    int M, N, K, nsets;
+    DType dt;
+    float **x;   // [nsets] fp32 [M, K]
+    void **W;    // [nsets] dt [N, K]
+    float *gamma, *beta, *bias, *s, *b2;
+    void *xn;    // baseline LayerNorm output, dt [M, K]
+    void *y;     // dt [M, N]
+    LinearPath path;
+    int gemm_only;
+} LnBench;
+
+static void enqueue_fused(void *p, int set) {
+    LnBench *b = p;
+    CK(fused_ln_linear_ex(b->x[set], b->K, b->gamma, b->W[set], b->dt, b->s, b->b2, b->y, b->N, b->dt, b->M, b->N,
+                          b->K, ACT_GELU, NULL, b->path, stream));
+}
+
+static void cublas_gemm(const void *W, const void *x, void *y, int M, int N, int K, DType dt) {
+    const float one = 1.0f, zero = 0.0f;
+    cudaDataType_t t = dt == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    // Row-major y[M, N] = x[M, K] W[N, K]^T is column-major y^T = W^T(op T of [K, N]) x^T.
+    CB(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, t, K, x, t, K, &zero, y, t, N,
+                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static void enqueue_unfused(void *p, int set) {
+    LnBench *b = p;
+    if (!b->gemm_only) CK(baseline_layernorm(b->xn, b->x[set], b->gamma, b->beta, b->M, b->K, b->dt, stream));
+    cublas_gemm(b->W[set], b->xn, b->y, b->M, b->N, b->K, b->dt);
+    if (!b->gemm_only) CK(baseline_bias_act(b->y, b->bias, b->M, b->N, 1, b->dt, stream));
+}
+
+static float *fetch(const void *d, size_t n, DType dt) {
+    float *h = xmalloc(n * sizeof(float));
+    CK(cudaStreamSynchronize(stream));
+    if (dt == DTYPE_F32) {
+        CK(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost));
+    } else {
+        uint16_t *t = xmalloc(n * 2);
+        CK(cudaMemcpy(t, d, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) h[i] = bf16_to_float(t[i]);
+        free(t);
+    }
+    return h;
+}
+
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static int nsets_for(size_t bytes) {
+    size_t n = (3 * (size_t)l2_bytes + bytes - 1) / bytes;
+    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+static void *upload_w(const float *w, size_t n, DType dt) {
+    void *d;
+    CK(cudaMalloc(&d, n * dtype_size(dt)));
+    if (dt == DTYPE_F32) {
+        CK(cudaMemcpy(d, w, n * 4, cudaMemcpyHostToDevice));
+    } else {
+        uint16_t *t = xmalloc(n * 2);
+        for (size_t i = 0; i < n; i++) t[i] = float_to_bf16(w[i]);
+        CK(cudaMemcpy(d, t, n * 2, cudaMemcpyHostToDevice));
+        free(t);
+    }
+    return d;
+}
+
+static double copy_gbps;
+
+static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
+    LnBench b = {0};
+    b.M = M, b.N = N, b.K = K, b.dt = dt;
+    const size_t wbytes = (size_t)N * K * dtype_size(dt), xbytes = (size_t)M * K * 4;
+    b.nsets = nsets_for(wbytes + xbytes);
+    float *hw = xmalloc((size_t)N * K * 4), *hx = xmalloc((size_t)M * K * 4);
+    b.x = xmalloc(b.nsets * sizeof(float *));
+    b.W = xmalloc(b.nsets * sizeof(void *));
+    float *hg = xmalloc(K * 4), *hb = xmalloc(K * 4), *hbias = xmalloc(N * 4), *hs = xmalloc(N * 4), *hb2 = xmalloc(N * 4);
+    for (int k = 0; k < K; k++) hg[k] = 1.0f + 0.2f * frand(), hb[k] = 0.1f * frand();
+    for (int n = 0; n < N; n++) hbias[n] = 0.1f * frand();
+    for (int i = 0; i < b.nsets; i++) {
+        for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = frand() * 0.06f;
+        for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = frand() * 2.0f + 0.3f;
+        if (i == 0)  // folded vectors of set 0 (all sets share them: only set 0 is validated)
+            for (int n = 0; n < N; n++) {
+                double ss = 0, bb = 0;
+                for (int k = 0; k < K; k++) {
+                    float w = dt == DTYPE_BF16 ? bf16_to_float(float_to_bf16(hw[(size_t)n * K + k])) : hw[(size_t)n * K + k];
+                    ss += (double)w * hg[k], bb += (double)w * hb[k];
+                }
+                hs[n] = (float)ss, hb2[n] = (float)(bb + hbias[n]);
+            }
+        b.W[i] = upload_w(hw, (size_t)N * K, dt);
+        CK(cudaMalloc((void **)&b.x[i], xbytes));
+        CK(cudaMemcpy(b.x[i], hx, xbytes, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMalloc((void **)&b.gamma, K * 4));
+    CK(cudaMalloc((void **)&b.beta, K * 4));
+    CK(cudaMalloc((void **)&b.bias, N * 4));
+    CK(cudaMalloc((void **)&b.s, N * 4));
+    CK(cudaMalloc((void **)&b.b2, N * 4));
+    CK(cudaMemcpy(b.gamma, hg, K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.beta, hb, K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.bias, hbias, N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.s, hs, N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.b2, hb2, N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&b.xn, (size_t)M * K * dtype_size(dt)));
+    CK(cudaMalloc(&b.y, (size_t)M * N * dtype_size(dt)));
+
+    // Baseline on set 0 is the reference.
+    enqueue_unfused(&b, 0);
+    float *ref = fetch(b.y, (size_t)M * N, dt);
+    const double tol = dt == DTYPE_F32 ? 1e-5 : 2e-2;
+
+    const LinearPath paths[] = {LINEAR_PATH_AUTO, LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
+                                LINEAR_PATH_TILED_L};
+    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l"};
+    Timing tf[5];
+    int ran[5] = {0};
+    for (int p = 0; p < 5; p++) {
+        if (paths[p] == LINEAR_PATH_GEMV && M > 64) continue;  // slices of 16 rows: pointless beyond
+        if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && M < 16) continue;
+        if (paths[p] == LINEAR_PATH_TILED_XS && M > 512) continue;
+        b.path = paths[p];
+        CK(cudaMemset(b.y, 0xff, (size_t)M * N * dtype_size(dt)));
+        enqueue_fused(&b, 0);
+        float *out = fetch(b.y, (size_t)M * N, dt);
+        double e = rel_l2(out, ref, (size_t)M * N);
+        free(out);
+        if (!(e <= tol)) {
+            printf("INVALID %s K=%d N=%d M=%d %s: rel_l2 %.3g vs baseline (tol %.0e): not timed\n", dtype_name(dt), K,
+                   N, M, pname[p], e, tol);
+            continue;
+        }
+        tf[p] = time_it(enqueue_fused, &b, b.nsets);
+        ran[p] = 1;
+    }
+    Timing tb = time_it(enqueue_unfused, &b, b.nsets);
+    b.gemm_only = 1;
+    Timing tg = time_it(enqueue_unfused, &b, b.nsets);
+    b.gemm_only = 0;
+
+    int best = -1;
+    for (int p = 1; p < 5; p++)
+        if (ran[p] && (best < 0 || tf[p].graph_us < tf[best].graph_us)) best = p;
+    const double bytes = (double)wbytes + xbytes + (double)M * N * dtype_size(dt);
+    const double flops = 2.0 * M * N * K;
+    printf("%-4s %4d->%-4d M=%-5d | fused auto %8.2f us (eager %8.2f) | best %-8s %8.2f | unfused %8.2f (eager %8.2f, "
+           "gemm alone %8.2f) | speedup %5.2fx | %6.0f GB/s %6.1f TFLOP/s\n",
+           dtype_name(dt), K, N, M, ran[0] ? tf[0].graph_us : -1, ran[0] ? tf[0].eager_us : -1,
+           best >= 0 ? pname[best] : "-", best >= 0 ? tf[best].graph_us : -1, tb.graph_us, tb.eager_us, tg.graph_us,
+           ran[0] ? tb.graph_us / tf[0].graph_us : 0, ran[0] ? bytes / tf[0].graph_us / 1e3 : 0,
+           ran[0] ? flops / tf[0].graph_us / 1e6 : 0);
+    if (csv) {
+        fprintf(csv, "ln,%s,%d,%d,%d", dtype_name(dt), K, N, M);
+        for (int p = 0; p < 5; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
+        fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f\n", tb.graph_us, tb.eager_us, tg.graph_us,
+                tg.eager_us, copy_gbps);
+        fflush(csv);
+    }
+    fflush(stdout);
+
+    free(ref), free(hw), free(hx), free(hg), free(hb), free(hbias), free(hs), free(hb2);
+    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
+    free(b.W), free(b.x);
+    cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.bias), cudaFree(b.s), cudaFree(b.b2), cudaFree(b.xn), cudaFree(b.y);
+}
+
+// ----------------------------------------------------------------------------
+// Linear + residual
+
+typedef struct {
+    int M, N, K, nsets;
+    DType dt;
+    void **x, **W;
+    float *bias, *res;
+    void *tmp;  // baseline GEMM output, dt [M, N]
+    LinearPath path;
+} ResBench;
+
+static void enqueue_res_fused(void *p, int set) {
+    ResBench *b = p;
+    CK(linear_residual_ex(b->x[set], b->W[set], b->dt, b->bias, b->res, b->M, b->N, b->K, b->path, stream));
+}
+static void enqueue_res_unfused(void *p, int set) {
+    ResBench *b = p;
+    cublas_gemm(b->W[set], b->x[set], b->tmp, b->M, b->N, b->K, b->dt);
+    CK(baseline_residual_add(b->res, b->tmp, b->bias, b->M, b->N, b->dt, stream));
+}
+
+static void bench_res(int K, int N, DType dt, int M) {
+    ResBench b = {0};
+    b.M = M, b.N = N, b.K = K, b.dt = dt;
+    const size_t es = dtype_size(dt), wbytes = (size_t)N * K * es, xbytes = (size_t)M * K * es;
+    b.nsets = nsets_for(wbytes + xbytes);
+    b.x = xmalloc(b.nsets * sizeof(void *));
+    b.W = xmalloc(b.nsets * sizeof(void *));
+    float *hw = xmalloc((size_t)N * K * 4), *hx = xmalloc((size_t)M * K * 4), *hbias = xmalloc(N * 4);
+    float *hr = xmalloc((size_t)M * N * 4);
+    for (int n = 0; n < N; n++) hbias[n] = 0.1f * frand();
+    for (size_t j = 0; j < (size_t)M * N; j++) hr[j] = frand();
+    for (int i = 0; i < b.nsets; i++) {
+        for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = frand() * 0.03f;
+        for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = frand();
+        b.W[i] = upload_w(hw, (size_t)N * K, dt);
+        b.x[i] = upload_w(hx, (size_t)M * K, dt);
+    }
+    CK(cudaMalloc((void **)&b.bias, N * 4));
+    CK(cudaMemcpy(b.bias, hbias, N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&b.res, (size_t)M * N * 4));
+    CK(cudaMalloc(&b.tmp, (size_t)M * N * es));
+    // Validate: one call from hr each way.
+    CK(cudaMemcpy(b.res, hr, (size_t)M * N * 4, cudaMemcpyHostToDevice));
+    enqueue_res_unfused(&b, 0);
+    float *ref = fetch(b.res, (size_t)M * N, DTYPE_F32);
+    CK(cudaMemcpy(b.res, hr, (size_t)M * N * 4, cudaMemcpyHostToDevice));
+    b.path = LINEAR_PATH_AUTO;
+    enqueue_res_fused(&b, 0);
+    float *out = fetch(b.res, (size_t)M * N, DTYPE_F32);
+    for (size_t j = 0; j < (size_t)M * N; j++) out[j] -= hr[j], ref[j] -= hr[j];
+    // bf16 baseline rounds the GEMM output to bf16 before the add: allow for that.
+    const double e = rel_l2(out, ref, (size_t)M * N), tol = dt == DTYPE_F32 ? 1e-5 : 1e-2;
+    free(out), free(ref);
+    if (!(e <= tol)) {
+        printf("INVALID linear_residual %s K=%d N=%d M=%d: rel_l2 %.3g: not timed\n", dtype_name(dt), K, N, M, e);
+    } else {
+        Timing tf = time_it(enqueue_res_fused, &b, b.nsets);
+        Timing tb = time_it(enqueue_res_unfused, &b, b.nsets);
+        const double bytes = (double)wbytes + xbytes + 8.0 * M * N;
+        printf("res  %-4s %4d->%-4d M=%-5d | fused %8.2f us (eager %8.2f) | cuBLAS + add %8.2f (eager %8.2f) | "
+               "speedup %5.2fx | %6.0f GB/s\n",
+               dtype_name(dt), K, N, M, tf.graph_us, tf.eager_us, tb.graph_us, tb.eager_us, tb.graph_us / tf.graph_us,
+               bytes / tf.graph_us / 1e3);
+    }
+    fflush(stdout);
+    free(hw), free(hx), free(hbias), free(hr);
+    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
+    free(b.W), free(b.x);
+    cudaFree(b.bias), cudaFree(b.res), cudaFree(b.tmp);
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP bench_fused_linear: no GPU\n");
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    l2_bytes = prop.l2CacheSize;
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&ev0));
+    CK(cudaEventCreate(&ev1));
+    CB(cublasCreate(&cublas));
+    CB(cublasSetStream(cublas, stream));
+    void *ws;
+    CK(cudaMalloc(&ws, 64 << 20));
+    CB(cublasSetWorkspace(cublas, ws, 64 << 20));
+
+    // Copy bandwidth ceiling.
+    {
+        const size_t n = (size_t)1 << 30;
+        void *a, *c;
+        CK(cudaMalloc(&a, n));
+        CK(cudaMalloc(&c, n));
+        CK(cudaMemset(a, 1, n));
+        float v[10];
+        for (int i = 0; i < 12; i++) {
+            CK(cudaEventRecord(ev0, stream));
+            CK(cudaMemcpyAsync(c, a, n, cudaMemcpyDeviceToDevice, stream));
+            CK(cudaEventRecord(ev1, stream));
+            CK(cudaEventSynchronize(ev1));
+            if (i >= 2) CK(cudaEventElapsedTime(&v[i - 2], ev0, ev1));
+        }
+        copy_gbps = 2.0 * n / (median(v, 10) * 1e-3) / 1e9;
+        cudaFree(a), cudaFree(c);
+    }
+    printf("# %s, %d SMs, L2 %d MB, cc %d.%d; device-to-device copy %.0f GB/s (read + write)\n", prop.name,
+           prop.multiProcessorCount, l2_bytes >> 20, prop.major, prop.minor, copy_gbps);
+    printf("# times in us: graph = median of 21 replays of 20 calls / 20; eager = median of 30 single calls\n");
+    FILE *csv = getenv("BENCH_CSV") ? fopen(getenv("BENCH_CSV"), "w") : NULL;
+
+    const int Ms[] = {1, 16, 64, 512, 4096};
+    const int shapes[][2] = {{768, 3072}, {1024, 4096}};
+    for (int si = 0; si < 2; si++)
+        for (int d = 1; d >= 0; d--)
+            for (int mi = 0; mi < 5; mi++) {
+                if (quick && Ms[mi] == 4096 && d == 0) continue;
+                bench_ln(shapes[si][0], shapes[si][1], (DType)d, Ms[mi], csv);
+            }
+    const int rshapes[][2] = {{768, 768}, {3072, 768}};
+    for (int si = 0; si < 2; si++)
+        for (int d = 1; d >= 0; d--)
+            for (int mi = 0; mi < 5; mi++) bench_res(rshapes[si][0], rshapes[si][1], (DType)d, Ms[mi]);
+    if (csv) fclose(csv);
+    cublasDestroy(cublas);
+    cudaFree(ws);
+    return 0;
+}
+
+#else
+
+int main(void) {
+    printf("SKIP bench_fused_linear: built without CUDA\n");
+    return 0;
+}
+
+#endif

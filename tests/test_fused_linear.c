@@ -1,0 +1,439 @@
+// Tests of the fused linear kernels (issue 5) against fp64 host references on fresh random data
+// every run (the seed is printed): kernels/fused_ln_linear.h (LayerNorm + Linear + GELU, plain
+// and QKV-into-cache outputs, strided rows) and kernels/linear_residual.h.
+//
+// Every kernel path (GEMV, tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
+// N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three kinds of rows: N(0, 1)-ish, offset
+// (mean 100, std 1: one-pass variance and W.x - mean*s cancel badly there) and outliers (two
+// channels of +-300..500, one of them inside the first tile that sets the kernels' shift, like
+// GPT-2's residual stream). Outputs are poisoned (NaN) first; every element must be written and
+// nothing outside the output (cache slots of other positions, row padding) touched.
+//
+// Tolerances, rel_l2 = |out - ref| / |ref| over the whole output:
+//   fp32                              1e-5 against the exact LayerNorm + Linear in fp64
+//   bf16, kernel check                1e-3 against a reference that rounds what the kernel rounds
+//                                     (W; for the tiled kernels also gamma * (x - c) as the tensor
+//                                     core operand, c the kernel's shift; the output when bf16)
+//   bf16, against exact LayerNorm     1e-2 (the operand rounding itself, reported for reference)
+//   linear_residual                   1e-5 fp32, 1e-4 bf16 (operands are bf16 in memory already)
+// plus a per-element bound (max |err| <= 50 * tol * rms(ref)) that catches a single bad element.
+#include "test.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+
+#if GPT2_CUDA
+#include <cuda_runtime.h>
+
+#include "fused_ln_linear.h"
+#include "linear_residual.h"
+
+// ----------------------------------------------------------------------------
+// Random data
+
+static uint64_t rng_state;
+static uint64_t rng_next(void) {  // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double rng_uniform(void) { return (rng_next() >> 11) * (1.0 / 9007199254740992.0); }
+static double rng_normal(void) {
+    double u = rng_uniform(), v = rng_uniform();
+    if (u < 1e-300) u = 1e-300;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static float round_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
+
+enum { DATA_NORMAL, DATA_OFFSET, DATA_OUTLIER };
+static const char *data_name[] = {"normal", "offset", "outliers"};
+
+static void fill_x(float *x, int M, int K, int kind) {
+    for (int m = 0; m < M; m++) {
+        double mu = 0.3 * rng_normal(), sd = 0.5 + rng_uniform();
+        if (kind == DATA_OFFSET) mu = 100.0 + rng_normal(), sd = 1.0;
+        for (int k = 0; k < K; k++) x[(size_t)m * K + k] = (float)(mu + sd * rng_normal());
+        if (kind == DATA_OUTLIER) {
+            x[(size_t)m * K + (5 % K)] = (float)((rng_uniform() < 0.5 ? -1 : 1) * (300 + 200 * rng_uniform()));
+            x[(size_t)m * K + K / 2] = (float)((rng_uniform() < 0.5 ? -1 : 1) * (300 + 200 * rng_uniform()));
+        }
+    }
+}
+
+static double gelu_ref(double v) { return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
+
+// ----------------------------------------------------------------------------
+// Device helpers
+
+static int cuda_ok(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) {
+        printf("FAIL cuda: %s: %s\n", what, cudaGetErrorString(e));
+        test_failures++;
+        return 0;
+    }
+    return 1;
+}
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (!cuda_ok(cudaMalloc(&d, bytes ? bytes : 1), "cudaMalloc")) exit(1);
+    if (h) cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "upload");
+    return d;
+}
+
+// W in the kernel's dtype on the device; the host copy is rounded to what the kernel reads.
+static void *upload_matrix(float *w, size_t n, DType dt) {
+    if (dt == DTYPE_F32) return dev_upload(w, n * 4);
+    uint16_t *b = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = float_to_bf16(w[i]);
+        w[i] = bf16_to_float(b[i]);
+    }
+    void *d = dev_upload(b, n * 2);
+    free(b);
+    return d;
+}
+
+// Device output (dtype dt, n elements) as floats; NaN (poison) stays NaN.
+static float *download(const void *d, size_t n, DType dt) {
+    float *h = xmalloc(n * sizeof(float));
+    if (dt == DTYPE_F32) {
+        cuda_ok(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost), "download");
+    } else {
+        uint16_t *b = xmalloc(n * 2);
+        cuda_ok(cudaMemcpy(b, d, n * 2, cudaMemcpyDeviceToHost), "download");
+        for (size_t i = 0; i < n; i++) h[i] = bf16_to_float(b[i]);
+        free(b);
+    }
+    return h;
+}
+
+typedef struct {
+    double rel_l2, max_rel;  // max_rel: max |err| / rms(ref)
+    long long unwritten;     // NaN where a value was expected
+} Cmp;
+
+static Cmp compare(const float *out, const double *ref, size_t n) {
+    double num = 0, den = 0, maxe = 0;
+    long long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(ref[i])) continue;  // not an output element
+        if (!isfinite(out[i])) {
+            bad++;
+            continue;
+        }
+        double d = out[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+        if (fabs(d) > maxe) maxe = fabs(d);
+    }
+    Cmp c;
+    c.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    c.max_rel = maxe / (den > 0 ? sqrt(den / (double)n) : 1.0);
+    c.unwritten = bad;
+    return c;
+}
+
+static const char *path_name(LinearPath p) {
+    switch (p) {
+    case LINEAR_PATH_GEMV: return "gemv";
+    case LINEAR_PATH_TILED_XS: return "tiled_xs";
+    case LINEAR_PATH_TILED_S: return "tiled_s";
+    case LINEAR_PATH_TILED_L: return "tiled_l";
+    default: return "auto";
+    }
+}
+
+// Which kernel AUTO takes: gemv for M <= 16 (kernels/linear_kernels.cuh auto_path).
+static int path_is_tiled(LinearPath p, int M) { return p == LINEAR_PATH_AUTO ? M > 16 : p != LINEAR_PATH_GEMV; }
+
+// ----------------------------------------------------------------------------
+// fused_ln_linear
+
+typedef struct {
+    int M, N, K;
+    DType wt, yt;
+    Activation act;
+    int data;
+    LinearPath path;
+    // QKV mode (qkv_T > 0): N = 3 * nh * hs = 3K
+    int qkv_T, qkv_pos, qkv_nh, qkv_max_seq;
+    // strided rows (plain mode): x rows ldx apart (>= K), y rows ldy apart (>= N)
+    int ldx, ldy;
+} LnCase;
+
+// The kernels' shift for a row (tiled bf16): mean of the first min(K, 32) values, summed as 8
+// quads of 4 then a butterfly over the 8 lanes (linear_kernels.cuh ln_shift).
+static float kernel_shift(const float *x, int K) {
+    float s[8];
+    for (int q = 0; q < 8; q++) {
+        float v[4];
+        for (int e = 0; e < 4; e++) v[e] = (4 * q + e < K) ? x[4 * q + e] : 0.0f;
+        s[q] = ((v[0] + v[1]) + v[2]) + v[3];
+    }
+    float sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    return sum / (float)(K < 32 ? K : 32);
+}
+
+static void run_ln_case(const LnCase *c) {
+    const int M = c->M, N = c->N, K = c->K;
+    const int ldx = c->ldx ? c->ldx : K;
+    const int qkv = c->qkv_T > 0;
+    const int ldy = qkv ? N : (c->ldy ? c->ldy : N);
+    char name[256];
+    snprintf(name, sizeof name, "fused_ln_linear %s->%s %s M=%d N=%d K=%d %s %s%s%s", dtype_name(c->wt),
+             dtype_name(c->yt), path_name(c->path), M, N, K, c->act == ACT_GELU ? "gelu" : "none",
+             data_name[c->data], qkv ? " qkv" : "", (ldx != K || ldy != N) ? " strided" : "");
+
+    float *x = xcalloc((size_t)M * ldx, sizeof(float));
+    float *xr = xmalloc((size_t)M * K * sizeof(float));
+    fill_x(xr, M, K, c->data);
+    for (int m = 0; m < M; m++) memcpy(x + (size_t)m * ldx, xr + (size_t)m * K, (size_t)K * sizeof(float));
+    float *gamma = xmalloc(K * sizeof(float)), *beta = xmalloc(K * sizeof(float));
+    for (int k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.2 * rng_normal()), beta[k] = (float)(0.1 * rng_normal());
+    float *W = xmalloc((size_t)N * K * sizeof(float));
+    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = (float)(rng_normal() / sqrt((double)K));
+    float *bias = xmalloc(N * sizeof(float));
+    for (int n = 0; n < N; n++) bias[n] = (float)(0.1 * rng_normal());
+
+    void *dW = upload_matrix(W, (size_t)N * K, c->wt);  // W now holds what the kernel reads
+    // Folded vectors from the rounded W, in fp64, handed over as fp32 (as ln_fold.cu does).
+    float *s = xmalloc(N * sizeof(float)), *b2 = xmalloc(N * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        double ss = 0, bb = 0;
+        for (int k = 0; k < K; k++) ss += (double)W[(size_t)n * K + k] * gamma[k], bb += (double)W[(size_t)n * K + k] * beta[k];
+        s[n] = (float)ss;
+        b2[n] = (float)(bb + bias[n]);
+    }
+    float *dx = dev_upload(x, (size_t)M * ldx * 4);
+    float *dg = dev_upload(gamma, K * 4), *ds = dev_upload(s, N * 4), *db = dev_upload(b2, N * 4);
+
+    // References: exact LayerNorm (fp64 from the fp32 x) and the kernel-rounding one.
+    const int emulate = c->wt == DTYPE_BF16 && path_is_tiled(c->path, M);
+    double *ref_exact = xmalloc((size_t)M * N * sizeof(double)), *ref_kern = xmalloc((size_t)M * N * sizeof(double));
+    double *xn = xmalloc(K * sizeof(double)), *a = xmalloc(K * sizeof(double));
+    for (int m = 0; m < M; m++) {
+        const float *row = xr + (size_t)m * K;
+        double mean = 0, var = 0;
+        for (int k = 0; k < K; k++) mean += row[k];
+        mean /= K;
+        for (int k = 0; k < K; k++) var += (row[k] - mean) * (row[k] - mean);
+        var /= K;
+        const double rstd = 1.0 / sqrt(var + 1e-5);
+        const float sh = kernel_shift(row, K);
+        for (int k = 0; k < K; k++) {
+            xn[k] = (row[k] - mean) * rstd * gamma[k] + beta[k];
+            a[k] = round_bf16((row[k] - sh) * gamma[k]);
+        }
+        const double dmean = mean - sh;
+        for (int n = 0; n < N; n++) {
+            const float *w = W + (size_t)n * K;
+            double e1 = bias[n], e2 = 0;
+            for (int k = 0; k < K; k++) e1 += w[k] * xn[k], e2 += w[k] * a[k];
+            e2 = rstd * (e2 - dmean * s[n]) + b2[n];
+            if (c->act == ACT_GELU) e1 = gelu_ref(e1), e2 = gelu_ref(e2);
+            if (c->yt == DTYPE_BF16) e1 = round_bf16((float)e1), e2 = round_bf16((float)e2);
+            ref_exact[(size_t)m * N + n] = e1;
+            ref_kern[(size_t)m * N + n] = emulate ? e2 : e1;
+        }
+    }
+
+    const size_t ysz = dtype_size(c->yt);
+    int rc;
+    Cmp ck, ce;
+    int outside_ok = 1;
+    float *yh = NULL;
+    if (!qkv) {
+        const size_t ny = (size_t)M * ldy;
+        void *dy = dev_upload(NULL, ny * ysz);
+        cuda_ok(cudaMemset(dy, 0xff, ny * ysz), "poison");
+        rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, dy, ldy, c->yt, M, N, K, c->act, NULL, c->path, 0);
+        cuda_ok(cudaDeviceSynchronize(), name);
+        float *yfull = download(dy, ny, c->yt);
+        yh = xmalloc((size_t)M * N * sizeof(float));
+        for (int m = 0; m < M; m++) {
+            memcpy(yh + (size_t)m * N, yfull + (size_t)m * ldy, (size_t)N * sizeof(float));
+            for (int n = N; n < ldy; n++) outside_ok &= isnan(yfull[(size_t)m * ldy + n]);
+        }
+        free(yfull);
+        cudaFree(dy);
+    } else {
+        const int T = c->qkv_T, B = M / T, pos = c->qkv_pos, nh = c->qkv_nh, hs = K / nh, ms = c->qkv_max_seq;
+        const size_t ncache = (size_t)B * nh * ms * hs;
+        void *dq = dev_upload(NULL, (size_t)M * K * ysz), *dk = dev_upload(NULL, ncache * ysz),
+             *dv = dev_upload(NULL, ncache * ysz);
+        cuda_ok(cudaMemset(dq, 0xff, (size_t)M * K * ysz), "poison");
+        cuda_ok(cudaMemset(dk, 0xff, ncache * ysz), "poison");
+        cuda_ok(cudaMemset(dv, 0xff, ncache * ysz), "poison");
+        QKVDest dst = {dq, dk, dv, T, pos, nh, hs, ms};
+        rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, NULL, 0, c->yt, M, N, K, c->act, &dst, c->path, 0);
+        cuda_ok(cudaDeviceSynchronize(), name);
+        float *qh = download(dq, (size_t)M * K, c->yt), *kh = download(dk, ncache, c->yt),
+              *vh = download(dv, ncache, c->yt);
+        yh = xmalloc((size_t)M * N * sizeof(float));
+        for (int m = 0; m < M; m++) {
+            const int b = m / T, t = m % T;
+            for (int n = 0; n < N; n++) {
+                const int which = n / K, cc = n % K, h = cc / hs, d = cc % hs;
+                const size_t ci = (((size_t)b * nh + h) * ms + pos + t) * hs + d;
+                yh[(size_t)m * N + n] = which == 0 ? qh[(size_t)m * K + cc] : which == 1 ? kh[ci] : vh[ci];
+            }
+        }
+        for (size_t i = 0; i < ncache; i++) {  // positions outside pos..pos+T-1 untouched
+            const int p = (int)((i / hs) % ms);
+            if (p < pos || p >= pos + T) outside_ok &= isnan(kh[i]) && isnan(vh[i]);
+        }
+        free(qh), free(kh), free(vh);
+        cudaFree(dq), cudaFree(dk), cudaFree(dv);
+    }
+    ck = compare(yh, ref_kern, (size_t)M * N);
+    ce = compare(yh, ref_exact, (size_t)M * N);
+    const double tol = c->wt == DTYPE_F32 ? 1e-5 : 1e-3;
+    const double tol_exact = c->wt == DTYPE_F32 ? 1e-5 : 1e-2;
+    CHECK(rc == 0 && ck.unwritten == 0 && outside_ok && ck.rel_l2 <= tol && ck.max_rel <= 50 * tol &&
+              ce.rel_l2 <= tol_exact,
+          name, "rc=%d unwritten=%lld outside_ok=%d rel_l2=%.3g (tol %.0e) max_rel=%.3g exact_rel_l2=%.3g (tol %.0e)",
+          rc, ck.unwritten, outside_ok, ck.rel_l2, tol, ck.max_rel, ce.rel_l2, tol_exact);
+    if (getenv("GPT2_TEST_VERBOSE"))
+        printf("  %s: rel_l2 %.3g max_rel %.3g exact %.3g\n", name, ck.rel_l2, ck.max_rel, ce.rel_l2);
+
+    free(x), free(xr), free(gamma), free(beta), free(W), free(bias), free(s), free(b2);
+    free(ref_exact), free(ref_kern), free(xn), free(a), free(yh);
+    cudaFree(dW), cudaFree(dx), cudaFree(dg), cudaFree(ds), cudaFree(db);
+}
+
+// ----------------------------------------------------------------------------
+// linear_residual
+
+static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big) {
+    char name[160];
+    snprintf(name, sizeof name, "linear_residual %s %s M=%d N=%d K=%d%s", dtype_name(dt), path_name(path), M, N, K,
+             big ? " large-magnitude" : "");
+    float *x = xmalloc((size_t)M * K * sizeof(float)), *W = xmalloc((size_t)N * K * sizeof(float));
+    float *b = xmalloc(N * sizeof(float)), *r0 = xmalloc((size_t)M * N * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = (float)(rng_normal() * (big ? 300.0 : 1.0));
+    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = (float)(rng_normal() / sqrt((double)K));
+    for (int n = 0; n < N; n++) b[n] = (float)(0.1 * rng_normal());
+    for (size_t i = 0; i < (size_t)M * N; i++) r0[i] = (float)(rng_normal() * (big ? 500.0 : 1.0));
+    void *dx = upload_matrix(x, (size_t)M * K, dt), *dW = upload_matrix(W, (size_t)N * K, dt);
+    float *db = dev_upload(b, N * 4), *dr = dev_upload(r0, (size_t)M * N * 4);
+    int rc = linear_residual_ex(dx, dW, dt, db, dr, M, N, K, path, 0);
+    cuda_ok(cudaDeviceSynchronize(), name);
+    float *out = download(dr, (size_t)M * N, DTYPE_F32);
+    // Compare the added part: out - r0 against x W^T + b (r0 would hide errors in the sum).
+    double *ref = xmalloc((size_t)M * N * sizeof(double));
+    float *delta = xmalloc((size_t)M * N * sizeof(float));
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double acc = b[n];
+            for (int k = 0; k < K; k++) acc += (double)x[(size_t)m * K + k] * W[(size_t)n * K + k];
+            ref[(size_t)m * N + n] = acc;
+            delta[(size_t)m * N + n] = (float)((double)out[(size_t)m * N + n] - r0[(size_t)m * N + n]);
+        }
+    Cmp cm = compare(delta, ref, (size_t)M * N);
+    // The fp32 add of r0 costs one rounding of |r0| relative to |delta|: allow for it.
+    double rr = 0, rd = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++) rr += (double)r0[i] * r0[i], rd += ref[i] * ref[i];
+    const double tol = (dt == DTYPE_F32 ? 1e-5 : 1e-4) + 1.2e-7 * sqrt(rr / (rd > 0 ? rd : 1));
+    CHECK(rc == 0 && cm.unwritten == 0 && cm.rel_l2 <= tol && cm.max_rel <= 50 * tol, name,
+          "rc=%d unwritten=%lld rel_l2=%.3g (tol %.2g) max_rel=%.3g", rc, cm.unwritten, cm.rel_l2, tol, cm.max_rel);
+    if (getenv("GPT2_TEST_VERBOSE")) printf("  %s: rel_l2 %.3g max_rel %.3g\n", name, cm.rel_l2, cm.max_rel);
+    free(x), free(W), free(b), free(r0), free(out), free(ref), free(delta);
+    cudaFree(dx), cudaFree(dW), cudaFree(db), cudaFree(dr);
+}
+
+// Bad arguments come back as cudaErrorInvalidValue, nothing launched.
+static void test_bad_args(void) {
+    float *d = dev_upload(NULL, 4096);
+    int e1 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 1, 0, 8, ACT_NONE, NULL, 0);
+    QKVDest bad = {d, d, d, 1, 0, 2, 4, 8};  // N = 10 != 3 * 8
+    int e2 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, NULL, DTYPE_F32, 1, 10, 8, ACT_NONE, &bad, 0);
+    int e3 = linear_residual(d, d, (DType)7, d, d, 1, 8, 8, 0);
+    int e4 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 0, 8, 8, ACT_NONE, NULL, 0);  // M=0: nothing
+    CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0,
+          "fused linear bad arguments", "got %d %d %d %d", e1, e2, e3, e4);
+    cudaFree(d);
+}
+
+int main(void) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        char why[200];
+        snprintf(why, sizeof why, "no GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        test_skip("test_fused_linear", why);
+        return 0;
+    }
+    const char *seed_env = getenv("GPT2_TEST_SEED");
+    rng_state = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    printf("# test_fused_linear seed %llu (GPT2_TEST_SEED to repeat)\n", (unsigned long long)rng_state);
+    // GPT2_TEST_SMALL: fewer and smaller cases, for runs under compute-sanitizer.
+    const int small = getenv("GPT2_TEST_SMALL") != NULL;
+    const int nshapes = small ? 4 : 6;
+
+    const LinearPath paths[] = {LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S, LINEAR_PATH_TILED_L,
+                                LINEAR_PATH_AUTO};
+    const int shapes[][3] = {{1, 300, 96}, {3, 77, 100}, {17, 300, 97}, {130, 300, 96}, {16, 1024, 768}, {64, 200, 768}};
+    int ci = 0;
+    for (int wt = 0; wt < 2; wt++)
+        for (int p = 0; p < 5; p++)
+            for (int si = 0; si < nshapes; si++, ci++) {
+                LnCase c = {0};
+                c.M = shapes[si][0], c.N = shapes[si][1], c.K = shapes[si][2];
+                c.wt = (DType)wt;
+                c.yt = (ci % 3 == 0) ? DTYPE_F32 : c.wt;
+                c.act = (ci % 2) ? ACT_GELU : ACT_NONE;
+                c.data = ci % 3;
+                c.path = paths[p];
+                run_ln_case(&c);
+            }
+    // Numerics: offset rows and outlier channels at GPT-2's width, every path.
+    for (int wt = 0; wt < 2; wt++)
+        for (int p = 0; p < 5; p++)
+            for (int d = DATA_OFFSET; d <= DATA_OUTLIER; d++) {
+                LnCase c = {0};
+                c.M = 33, c.N = small ? 40 : 256, c.K = 768, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_GELU, c.data = d;
+                c.path = paths[p];
+                run_ln_case(&c);
+            }
+    // QKV into the cache: decode-like (B=2, T=1) and prefill-like (B=2, T=65) steps.
+    for (int wt = 0; wt < 2; wt++)
+        for (int p = 0; p < 2; p++) {
+            LnCase c = {0};
+            c.K = 96, c.N = 288, c.qkv_nh = 3, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_NONE, c.data = DATA_OUTLIER;
+            c.path = LINEAR_PATH_AUTO;
+            if (p == 0) c.qkv_T = 1, c.M = 2, c.qkv_pos = 7, c.qkv_max_seq = 16;
+            else c.qkv_T = 65, c.M = 130, c.qkv_pos = 3, c.qkv_max_seq = 80;
+            run_ln_case(&c);
+        }
+    // Strided rows (the logits of each sequence's last token), fp32 logits.
+    for (int wt = 0; wt < 2; wt++)
+        for (int p = 0; p < 2; p++) {
+            LnCase c = {0};
+            c.M = p ? 40 : 4, c.N = 300, c.K = 96, c.ldx = 5 * 96, c.ldy = 307, c.wt = (DType)wt, c.yt = DTYPE_F32;
+            c.act = ACT_NONE, c.data = DATA_NORMAL, c.path = LINEAR_PATH_AUTO;
+            run_ln_case(&c);
+        }
+
+    const int rshapes[][3] = {{1, 300, 96}, {3, 77, 100}, {17, 300, 97}, {130, 300, 96}, {16, 768, 3072}, {200, 192, 768}};
+    for (int wt = 0; wt < 2; wt++)
+        for (int p = 0; p < 5; p++)
+            for (int si = 0; si < nshapes; si++)
+                run_res_case(rshapes[si][0], rshapes[si][1], rshapes[si][2], (DType)wt, paths[p], si == 2 || si == 5);
+    test_bad_args();
+    return test_exit_code();
+}
+
+#else
+
+int main(void) {
+    test_skip("test_fused_linear", "no GPU (built without CUDA)");
+    return 0;
+}
+
+#endif
