@@ -22,7 +22,12 @@ typedef struct {
     void *weights, *cache, *acts;       // the three allocations
     size_t weight_bytes, cache_bytes, act_bytes;
     float *host_trace;                  // [R, C] for gpu_engine_forward_trace, allocated on first use
+    GpuProfile *prof;                   // gpu_engine_profile: where forwards add their times
+    cudaEvent_t *events;                // 5L + 4 step boundaries, created on first use
+    int nevents;
 } GpuEngine;
+
+static void gpu_engine_destroy(Engine *e);
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -212,14 +217,26 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuStep st = {B, T, pos, B * T};
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
+    int ev = 0;  // profiling: the next step boundary
+#define MARK() \
+    if (g->prof) CUDA_TRY(cudaEventRecord(g->events[ev++], stream))
 
+    MARK();
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
     CUDA_TRY(embedding_forward(s->x, s->tokens, s->wte, s->wpe, st.M, T, pos, s->C, s->dtype, stream));
+    MARK();
     for (int l = -1; l < s->L; l++) {
         if (l >= 0) {
-            if (ops->attn_in(s, &st, l, err) || ops->attention(s, &st, l, err) || ops->attn_out(s, &st, l, err) ||
-                ops->mlp_in(s, &st, l, err) || ops->mlp_out(s, &st, l, err))
-                return -1;
+            if (ops->attn_in(s, &st, l, err)) return -1;
+            MARK();
+            if (ops->attention(s, &st, l, err)) return -1;
+            MARK();
+            if (ops->attn_out(s, &st, l, err)) return -1;
+            MARK();
+            if (ops->mlp_in(s, &st, l, err)) return -1;
+            MARK();
+            if (ops->mlp_out(s, &st, l, err)) return -1;
+            MARK();
         }
         if (trace) {
             if (!g->host_trace) g->host_trace = (float *)xmalloc((size_t)s->max_batch * s->max_seq * s->C * sizeof(float));
@@ -230,9 +247,35 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
         }
     }
     if (ops->logits(s, &st, all_positions, err)) return -1;
+    MARK();
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
     CUDA_TRY(cudaMemcpyAsync(logits, s->logits, rows * s->V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    MARK();
+#undef MARK
     CUDA_TRY(cudaStreamSynchronize(stream));
+    if (g->prof) {
+        // Boundaries: start | input | 5 per layer | logits | output.
+        for (int i = 1; i < ev; i++) {
+            float ms;
+            CUDA_TRY(cudaEventElapsedTime(&ms, g->events[i - 1], g->events[i]));
+            int kind = i == 1 ? GPU_PROF_INPUT : i == ev - 1 ? GPU_PROF_OUTPUT : i == ev - 2 ? GPU_PROF_LOGITS
+                                                                                  : GPU_PROF_ATTN_IN + (i - 2) % 5;
+            g->prof->ms[kind] += ms;
+        }
+        g->prof->forwards++;
+    }
+    return 0;
+}
+
+extern "C" int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err) {
+    if (e->free != gpu_engine_destroy) return fail(err, "profiling needs a GPU engine, not %s", e->name);
+    GpuEngine *g = (GpuEngine *)e->impl;
+    if (prof && !g->events) {
+        int n = 5 * g->s.L + 4;
+        g->events = (cudaEvent_t *)xcalloc((size_t)n, sizeof(cudaEvent_t));
+        for (; g->nevents < n; g->nevents++) CUDA_TRY(cudaEventCreate(&g->events[g->nevents]));
+    }
+    g->prof = prof;
     return 0;
 }
 
@@ -269,6 +312,8 @@ static void gpu_engine_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     if (g) {
         if (g->s.stream) CUDA_WARN(cudaStreamSynchronize(g->s.stream));
+        for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
+        free(g->events);
         if (g->s.cublas) cublasDestroy(g->s.cublas);
         if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
         if (g->acts) CUDA_WARN(cudaFree(g->acts));

@@ -38,6 +38,21 @@ typedef void (*GpuTraceFn)(void *user, int layer, const float *residual, int B, 
 int gpu_engine_forward_trace(Engine *e, const int *tokens, int B, int T, int pos, float *logits,
                              int all_positions, GpuTraceFn trace, void *user, Error *err);
 
+// Per-op timing for ./gpt2 bench: device time between the loop's steps, measured with CUDA events.
+// The kinds, in the loop's order: input (tokens to the device + embedding), the five block ops
+// summed over layers, logits, output (logits to the host).
+enum { GPU_PROF_INPUT, GPU_PROF_ATTN_IN, GPU_PROF_ATTENTION, GPU_PROF_ATTN_OUT, GPU_PROF_MLP_IN, GPU_PROF_MLP_OUT,
+       GPU_PROF_LOGITS, GPU_PROF_OUTPUT, GPU_PROF_KINDS };
+
+typedef struct {
+    int forwards;               // forward calls measured
+    double ms[GPU_PROF_KINDS];  // summed over them
+} GpuProfile;
+
+// Starts (prof != NULL) or stops (NULL) profiling: each later forward adds its times to *prof.
+// Profiling synchronizes at the end of each forward (it does anyway) and costs an event per step.
+int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err);
+
 // The LayerNorm-folded vectors the fused kernels read (s and b', block_ops.h), copied to the host
 // for tests: which 0: ln1 -> qkv of `layer` ([3C] each), 1: ln2 -> fc ([4C]), 2: lnf -> logits ([Vp]).
 int gpu_engine_copy_folded(Engine *e, int which, int layer, float *s, float *b, Error *err);

@@ -294,6 +294,17 @@ static void check_trace(const GPT2Model *m) {
         CHECK(trace_calls == m->config.num_layers + 1 && !trace_bad && rel_l2(b, a, (size_t)B * V) == 0.0,
               "gpu_forward_trace", "%d calls for %d layers (want L + 1), bad=%d, logits rel %.3g", trace_calls,
               m->config.num_layers, trace_bad, rel_l2(b, a, (size_t)B * V));
+    GpuProfile prof = {0};
+    rc = gpu_engine_profile(e, &prof, &err);
+    for (int i = 0; rc == 0 && i < 2; i++) rc = e->forward(e, tok, B, T, 0, b, 0, &err);
+    if (rc == 0) rc = gpu_engine_profile(e, NULL, &err);
+    if (rc == 0) rc = e->forward(e, tok, B, T, 0, b, 0, &err);  // not counted
+    double total = 0;
+    int negative = 0;
+    for (int k = 0; k < GPU_PROF_KINDS; k++) total += prof.ms[k], negative |= prof.ms[k] < 0;
+    if (rc) CHECK(0, "gpu_profile", "%s", err.msg);
+    else CHECK(prof.forwards == 2 && total > 0 && !negative && prof.ms[GPU_PROF_ATTENTION] > 0, "gpu_profile",
+               "forwards %d, total %.3f ms, attention %.3f ms", prof.forwards, total, prof.ms[GPU_PROF_ATTENTION]);
     free(tok), free(a), free(b);
     engine_free(e);
 }
