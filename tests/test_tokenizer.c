@@ -370,6 +370,31 @@ static void test_big_and_nul(const Tokenizer *t) {
     free(big);
 }
 
+// The header promises that encoding only reads the Tokenizer: threads sharing one must agree
+// with a single thread.
+static void test_threads(const Tokenizer *t) {
+    enum { N = 64 };
+    static char texts[N][256];
+    for (int i = 0; i < N; i++)
+        snprintf(texts[i], sizeof texts[i], "Thread %d says: it's \xe6\x9d\xb1\xe4\xba\xac %d\xf0\x9f\x99\x82 %s", i,
+                 i * 7919, i % 2 ? "supercalifragilistic" : "<|endoftext|>  x");
+    int *serial[N], *parallel[N];
+    size_t n_serial[N], n_parallel[N], r;
+    for (int i = 0; i < N; i++) encode(t, texts[i], strlen(texts[i]), &serial[i], &n_serial[i], &r);
+#pragma omp parallel for num_threads(4)
+    for (int i = 0; i < N; i++) {
+        size_t rr;
+        encode(t, texts[i], strlen(texts[i]), &parallel[i], &n_parallel[i], &rr);
+    }
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        bad += !ids_equal(serial[i], n_serial[i], parallel[i], n_parallel[i]);
+        free(serial[i]);
+        free(parallel[i]);
+    }
+    CHECK(bad == 0, "tokenizer_threads", "%d of %d texts encode differently on 4 threads", bad, N);
+}
+
 int main(void) {
     Error err;
     Tokenizer *t = tokenizer_create(tokenizer_default_dir(), &err);
@@ -384,6 +409,7 @@ int main(void) {
     test_decoder(t);
     test_long_words(t);
     test_big_and_nul(t);
+    test_threads(t);
     tokenizer_free(t);
     return test_exit_code();
 }
