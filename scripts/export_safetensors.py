@@ -39,7 +39,8 @@ def param_shapes(cfg):
 
 def read_checkpoint(path):
     """(cfg, {name: array}, "F32" | "BF16"); bf16 arrays are the raw uint16 bits."""
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = bytearray(f.read())  # writable, so torch.from_numpy can share the arrays without a warning
     if len(data) < 1024:
         sys.exit(f"{path}: shorter than llm.c's 1024-byte header")
     h = struct.unpack("<256i", data[:1024])
