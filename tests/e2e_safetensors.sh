@@ -76,9 +76,10 @@ fi
 
 if ! command -v clang >/dev/null 2>&1; then
     skip e2e_safetensors_fuzz "clang is not installed (libFuzzer needs it)"
-elif ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return d && n < 0; }' >"$dir/probe.c" ||
-    ! clang -fsanitize=fuzzer "$dir/probe.c" -o "$dir/probe" >/dev/null 2>&1; then
-    skip e2e_safetensors_fuzz "clang here cannot link -fsanitize=fuzzer (no libFuzzer runtime)"
+elif ! printf '#include <cjson/cJSON.h>\nint LLVMFuzzerTestOneInput(const char *d, long n) { return d && n < 0; }\n' \
+        >"$dir/probe.c" || ! clang -fsanitize=fuzzer "$dir/probe.c" -o "$dir/probe" -lcjson >"$dir/probe.log" 2>&1; then
+    # A machine without libFuzzer's runtime or without cJSON's development files (the GPU machine).
+    skip e2e_safetensors_fuzz "clang cannot build a libFuzzer target with cJSON here: $(grep -m1 error "$dir/probe.log")"
 elif ! make -s build/fuzz/fuzz_safetensors >"$dir/fuzz_build.log" 2>&1; then
     fail e2e_safetensors_fuzz "build/fuzz/fuzz_safetensors does not build: $(grep -m1 -i error "$dir/fuzz_build.log")"
 else
