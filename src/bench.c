@@ -334,7 +334,7 @@ enum { CHECK_B = 2, CHECK_T = 65 };
 // of CHECK_T - 1 tokens, then one step) against its own full forward at the last position.
 // fp32 against fp32: rel_l2 <= 1e-4; anything bf16: <= 3e-2 (validate's tolerances).
 static int check_engine(Bench *b, Engine *e, BenchPath path, DType dt) {
-    int V = b->model->config.vocab_size, B = CHECK_B, T = CHECK_T;
+    int V = b->model->config.vocab_size, B = CHECK_B, T = CHECK_T < e->max_seq ? CHECK_T : e->max_seq;
     int *tokens = xmalloc((size_t)B * T * sizeof(int)), *last = xmalloc(B * sizeof(int));
     float *full = xmalloc((size_t)B * T * V * sizeof(float)), *step = xmalloc((size_t)B * V * sizeof(float));
     float *full_last = xmalloc((size_t)B * V * sizeof(float));
