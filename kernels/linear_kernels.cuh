@@ -219,12 +219,44 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     };
     if (g < ngroups) load_batch(g, 0);
 
-    // Stage rows (zero past K and past the last row, so padded lanes add nothing).
-    for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
-        int m = i / KP, k = i - m * KP;
-        float v = (m < rows && k < K) ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
-        if constexpr (sizeof(XT) == 2) xs[(size_t)m * KP + k] = __float2bfloat16_rn(v);
-        else xs[(size_t)m * KP + xs_pos<WT, XT>(k)] = v;
+    // Stage rows (zero past K and past the last row, so padded lanes add nothing), and gamma:
+    // 16-byte loads, four in flight per thread before any is stored.
+    float *gs = reinterpret_cast<float *>(xs + (size_t)MT * KP);  // LN: gamma [KP]
+    {
+        constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
+        const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
+                          (!LN || (reinterpret_cast<uintptr_t>(gamma) % 16) == 0);
+        const int qpr = KP / XE, total = (MT + (LN ? 1 : 0)) * qpr;  // LN: one more "row" for gamma
+        if (xvec) {
+            for (int base = tid; base < total; base += 4 * GEMV_THREADS) {
+                uint4 v[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int q = base + j * GEMV_THREADS, m = q / qpr, k = XE * (q - m * qpr);
+                    v[j] = make_uint4(0, 0, 0, 0);
+                    if (q < total && k < K) {
+                        if (m < rows) v[j] = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)(m0 + m) * ldx + k));
+                        else if (LN && m == MT) v[j] = __ldg(reinterpret_cast<const uint4 *>(gamma + k));
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int q = base + j * GEMV_THREADS, m = q / qpr, k = XE * (q - m * qpr);
+                    if (q >= total) continue;
+                    if (m == MT) *reinterpret_cast<uint4 *>(gs + k) = v[j];
+                    else *reinterpret_cast<uint4 *>(xs + (size_t)m * KP + xs_pos<WT, XT>(k)) = v[j];
+                }
+            }
+        } else {
+            for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
+                int m = i / KP, k = i - m * KP;
+                float v = (m < rows && k < K) ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
+                if constexpr (sizeof(XT) == 2) xs[(size_t)m * KP + k] = __float2bfloat16_rn(v);
+                else xs[(size_t)m * KP + xs_pos<WT, XT>(k)] = v;
+            }
+            if constexpr (LN)
+                for (int k = tid; k < K; k += GEMV_THREADS) gs[k] = gamma[k];
+        }
     }
     __syncthreads();
     if constexpr (LN) {
@@ -247,7 +279,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
             __syncwarp();  // every lane has read c = row[0] before lane 0 overwrites it
             for (int k = lane; k < K; k += 32) {
                 int p = xs_pos<WT, XT>(k);
-                row[p] = ((row[p] - c) - dm) * rstd * gamma[k];
+                row[p] = ((row[p] - c) - dm) * rstd * gs[k];
             }
         }
         __syncthreads();
@@ -282,103 +314,13 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
 }
 
 // ----------------------------------------------------------------------------
-// Shared pieces of the tiled kernels: the LayerNorm'd A tile.
+// Tiled kernels: shared pieces.
 //
-// A thread loads float4 chunks q = tid + i * THREADS of a BM x BK fp32 tile: row q / (BK/4),
-// columns 4 * (q % (BK/4)); THREADS is a multiple of BK/4, so each thread keeps one column
-// quad and its own rows, and keeps their partial sums in registers for the whole K loop.
-
-template <int BM, int BK, int THREADS>
-struct ATileF32 {
-    static constexpr int QPR = BK / 4;                           // quads per row
-    static constexpr int NQ = (BM * QPR + THREADS - 1) / THREADS;  // quads per thread
-    float4 v[NQ];
-
-    __device__ __forceinline__ void load(const float *__restrict__ x, long long ldx, int M, int K, int m0, int k0,
-                                         bool vec, int tid) {
-#pragma unroll
-        for (int i = 0; i < NQ; i++) {
-            const int q = tid + i * THREADS;
-            const int r = q / QPR, k = k0 + 4 * (q % QPR), m = m0 + r;
-            float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (q < BM * QPR && m < M) {
-                const float *p = x + (size_t)m * ldx + k;
-                if (vec && k + 4 <= K) {
-                    t = __ldg(reinterpret_cast<const float4 *>(p));
-                } else {
-                    if (k + 0 < K) t.x = p[0];
-                    if (k + 1 < K) t.y = p[1];
-                    if (k + 2 < K) t.z = p[2];
-                    if (k + 3 < K) t.w = p[3];
-                }
-            }
-            v[i] = t;
-        }
-    }
-};
-
-// Shift per row: the mean of the row's first min(K, BK) elements, summed as 4 in-thread then a
-// butterfly over the QPR lanes of the row (tests/test_fused_linear.c repeats this order exactly).
-template <int BM, int BK, int THREADS>
-__device__ __forceinline__ void ln_shift(const ATileF32<BM, BK, THREADS> &a, float (&c)[ATileF32<BM, BK, THREADS>::NQ],
-                                         int K) {
-    constexpr int QPR = BK / 4;
-    const float cnt = (float)min(K, BK);
-#pragma unroll
-    for (int i = 0; i < ATileF32<BM, BK, THREADS>::NQ; i++) {
-        float s = ((a.v[i].x + a.v[i].y) + a.v[i].z) + a.v[i].w;  // zero past K
-#pragma unroll
-        for (int o = 1; o < QPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        c[i] = s / cnt;
-    }
-}
-
-// d = x - c; row sums of d and d^2 (valid columns only); a = d * gamma.
-template <int NQ>
-__device__ __forceinline__ void ln_process(float4 (&v)[NQ], const float (&c)[NQ], float (&s1)[NQ], float (&s2)[NQ],
-                                           const float *__restrict__ gamma, int K, int k) {
-    float g[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) g[e] = (k + e < K) ? __ldg(gamma + k + e) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < NQ; i++) {
-        float t[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float d = (k + e < K) ? t[e] - c[i] : 0.0f;
-            s1[i] += d;
-            s2[i] = fmaf(d, d, s2[i]);
-            t[e] = d * g[e];
-        }
-        v[i] = make_float4(t[0], t[1], t[2], t[3]);
-    }
-}
-
-// After the K loop: the row's (dmean, rstd) into shared memory, from the QPR lanes' partials.
-template <int NQ, int QPR, int BM, int THREADS>
-__device__ __forceinline__ void ln_finish(float (&s1)[NQ], float (&s2)[NQ], const float (&c)[NQ], float *row_dmean,
-                                          float *row_rstd, int K, int tid) {
-#pragma unroll
-    for (int i = 0; i < NQ; i++) {
-        float a = s1[i], b = s2[i];
-#pragma unroll
-        for (int o = 1; o < QPR; o <<= 1) {
-            a += __shfl_xor_sync(0xffffffffu, a, o);
-            b += __shfl_xor_sync(0xffffffffu, b, o);
-        }
-        const int q = tid + i * THREADS;
-        if (q % QPR == 0 && q < BM * QPR) {
-            const float dm = a / K;
-            const float var = fmaxf(b / K - dm * dm, 0.0f);
-            row_dmean[q / QPR] = dm;
-            row_rstd[q / QPR] = 1.0f / sqrtf(var + LN_EPS);
-        }
-        (void)c;
-    }
-}
-
-// ----------------------------------------------------------------------------
-// Tensor-core kernel (bf16 W; x fp32 with LN, bf16 without).
+// Every tile of x, W and gamma arrives by cp.async, STAGES deep, so that several K steps' loads
+// are in flight while one multiplies (one tile of register prefetch left small-M shapes waiting a
+// full memory latency per K step: 4-5x slower, measured). fp32 x tiles land raw; one pass over
+// shared memory then applies the LayerNorm pieces (shift, row sums, * gamma) and writes the
+// operand layout the math wants: bf16 [m][k] for ldmatrix, or fp32 [k][m] for the FFMA kernel.
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
@@ -388,6 +330,100 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// A [ROWS][BKE] tile of a row-major matrix (row stride ld) at (r0, k0) into dst (row stride dld):
+// 16-byte cp.async chunks, zero-filled outside [nrows, K); plain loads and stores when `vec` is
+// false (K or ld not a multiple of 16 bytes, or an unaligned base).
+template <typename T, int ROWS, int BKE, int THREADS>
+__device__ __forceinline__ void load_tile(T *dst, int dld, const T *__restrict__ src, long long ld, int nrows, int K,
+                                          int r0, int k0, bool vec, int tid) {
+    constexpr int EPC = 16 / sizeof(T);
+    constexpr int CPR = BKE / EPC;
+    constexpr int CHUNKS = ROWS * CPR;
+#pragma unroll
+    for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; i++) {
+        const int q = tid + i * THREADS;
+        if (CHUNKS % THREADS == 0 || q < CHUNKS) {
+            const int r = q / CPR, kc = EPC * (q % CPR);
+            const int gr = r0 + r, gk = k0 + kc;
+            T *d = dst + r * dld + kc;
+            if (vec) {
+                const bool ok = gr < nrows && gk < K;
+                cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok);
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPC; e++) d[e] = (gr < nrows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : T(0.0f);
+            }
+        }
+    }
+}
+
+// The LayerNorm side of a tiled kernel: a thread owns quads q = tid + i * THREADS of each BM x BK
+// tile (row q / (BK/4), columns 4 * (q % (BK/4)): THREADS is a multiple of BK/4, so always the same
+// column quad and rows), and keeps its rows' shift and running sums in registers for the K loop.
+template <int BM, int BK, int THREADS>
+struct LnRows {
+    static constexpr int QPR = BK / 4;
+    static constexpr int NQ = (BM * QPR + THREADS - 1) / THREADS;
+    float c[NQ], s1[NQ], s2[NQ];
+
+    // raw: the [BM][BK] fp32 tile at column k0; g: gamma [BK]. put(r, kq, t[4]) stores the operand.
+    // On the first tile the shift c is the mean of the row's first min(K, BK) values, summed as 4
+    // in-thread then a butterfly over the QPR lanes of the row (tests/test_fused_linear.c repeats
+    // this order exactly to emulate the bf16 rounding).
+    template <typename Put>
+    __device__ __forceinline__ void process(const float *raw, const float *g, int K, int k0, bool first, int tid,
+                                            Put put) {
+        const int kq = 4 * (tid % QPR);
+        const float4 gv = *reinterpret_cast<const float4 *>(g + kq);
+        const float gg[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+        for (int i = 0; i < NQ; i++) {
+            const int q = tid + i * THREADS, r = q / QPR;
+            const bool valid = (BM * QPR) % THREADS == 0 || q < BM * QPR;
+            float4 v = valid ? *reinterpret_cast<const float4 *>(raw + r * BK + kq) : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (first) {
+                float sum = ((v.x + v.y) + v.z) + v.w;  // zero past K
+#pragma unroll
+                for (int o = 1; o < QPR; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                c[i] = sum / (float)min(K, BK);
+                s1[i] = s2[i] = 0.0f;
+            }
+            float t[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float d = (k0 + kq + e < K) ? t[e] - c[i] : 0.0f;
+                s1[i] += d;
+                s2[i] = fmaf(d, d, s2[i]);
+                t[e] = d * gg[e];
+            }
+            if (valid) put(r, kq, t);
+        }
+    }
+
+    // After the K loop: each row's (dmean, rstd) into shared memory.
+    __device__ __forceinline__ void finish(float *row_dmean, float *row_rstd, int K, int tid) {
+#pragma unroll
+        for (int i = 0; i < NQ; i++) {
+            float a = s1[i], b = s2[i];
+#pragma unroll
+            for (int o = 1; o < QPR; o <<= 1) {
+                a += __shfl_xor_sync(0xffffffffu, a, o);
+                b += __shfl_xor_sync(0xffffffffu, b, o);
+            }
+            const int q = tid + i * THREADS;
+            if (q % QPR == 0 && q < BM * QPR) {
+                const float dm = a / K;
+                const float var = fmaxf(b / K - dm * dm, 0.0f);
+                row_dmean[q / QPR] = dm;
+                row_rstd[q / QPR] = 1.0f / sqrtf(var + LN_EPS);
+            }
+        }
+    }
+};
+
+// ----------------------------------------------------------------------------
+// Tensor-core kernel (bf16 W; x fp32 with LN, bf16 without).
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p) {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
@@ -405,38 +441,16 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 }
 
 constexpr int TC_BK = 32;
-constexpr int TC_LDS = TC_BK + 8;  // bf16 per shared row: 80 bytes, ldmatrix rows hit distinct banks
-constexpr int TC_STAGES = 3;
+constexpr int TC_LDS = TC_BK + 8;  // bf16 per operand row: 80 bytes, ldmatrix rows hit distinct banks
+constexpr int TC_STAGES = 4;
 
+// Shared memory: Bs[STAGES][BN][LDS] bf16, then with LN: Araw[STAGES][BM][BK] fp32,
+// Graw[STAGES][BK] fp32, As[BM][LDS] bf16, row_dmean/rstd[BM]; without: As[STAGES][BM][LDS] bf16.
 template <int BM, int BN, bool LN>
 constexpr int tc_smem_bytes() {
-    return ((LN ? 2 : TC_STAGES) * BM + TC_STAGES * BN) * TC_LDS * 2 + (LN ? 2 * BM * 4 : 0);
-}
-
-// A [rows][BK] bf16 tile of a bf16 matrix (row stride ld) into shared memory, cp.async (16-byte
-// chunks, zero-filled outside) or, when rows are not 16-byte aligned, plain loads.
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void tile_bf16_async(bf16 *dst, const bf16 *__restrict__ src, long long ld, int nrows,
-                                                int K, int r0, int k0, bool vec, int tid) {
-    constexpr int CHUNKS = ROWS * (TC_BK / 8);
-#pragma unroll
-    for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; i++) {
-        const int q = tid + i * THREADS;
-        if (q < CHUNKS) {
-            const int r = q / (TC_BK / 8), kc = 8 * (q % (TC_BK / 8));
-            const int gr = r0 + r, gk = k0 + kc;
-            bf16 *d = dst + r * TC_LDS + kc;
-            if (vec) {
-                const bool ok = gr < nrows && gk < K;
-                const bf16 *s = ok ? src + (size_t)gr * ld + gk : src;
-                cp_async16(d, s, ok);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    d[e] = (gr < nrows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : __float2bfloat16_rn(0.0f);
-            }
-        }
-    }
+    return TC_STAGES * BN * TC_LDS * 2 +
+           (LN ? TC_STAGES * BM * TC_BK * 4 + TC_STAGES * TC_BK * 4 + BM * TC_LDS * 2 + 2 * BM * 4
+               : TC_STAGES * BM * TC_LDS * 2);
 }
 
 template <int BM, int BN, int WARPS_M, int WARPS_N, bool LN>
@@ -447,14 +461,14 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MI = WTM / 16, NI = WTN / 8;
     static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
-    constexpr int ASTAGES = LN ? 2 : TC_STAGES;
-    using AT = ATileF32<BM, TC_BK, THREADS>;
-    constexpr int NQ = AT::NQ;
+    constexpr int S = TC_STAGES;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
-    bf16 *Bs = As + ASTAGES * BM * TC_LDS;
-    float *row_dmean = reinterpret_cast<float *>(Bs + TC_STAGES * BN * TC_LDS);
+    bf16 *Bs = reinterpret_cast<bf16 *>(smem_raw);
+    float *Araw = reinterpret_cast<float *>(Bs + S * BN * TC_LDS);
+    float *Graw = Araw + S * BM * TC_BK;
+    bf16 *As = LN ? reinterpret_cast<bf16 *>(Graw + S * TC_BK) : reinterpret_cast<bf16 *>(Araw);
+    float *row_dmean = reinterpret_cast<float *>(As + BM * TC_LDS);
     float *row_rstd = row_dmean + BM;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -462,45 +476,29 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int KT = (K + TC_BK - 1) / TC_BK;
     const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
-
-    // LN state: this thread's rows' shift and running sums.
-    AT areg;
-    float c[NQ], s1[NQ], s2[NQ];
     const float *xf = reinterpret_cast<const float *>(x_);
     const bf16 *xb = reinterpret_cast<const bf16 *>(x_);
-    const bool xvec = LN ? ((ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x_) % 16) == 0)
-                         : ((ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x_) % 16) == 0);
-    const int qcol = 4 * (tid % AT::QPR);
+    const int xq = LN ? 4 : 8;
+    const bool xvec = (ldx % xq) == 0 && (K % xq) == 0 && (reinterpret_cast<uintptr_t>(x_) % 16) == 0;
+    const bool gvec = (K % 4) == 0 && (reinterpret_cast<uintptr_t>(gamma) % 16) == 0;
 
-    auto store_a = [&](int stage) {  // processed registers -> bf16 shared tile
-#pragma unroll
-        for (int i = 0; i < NQ; i++) {
-            const int q = tid + i * THREADS;
-            if (q < BM * AT::QPR) {
-                uint2 u = make_uint2(pack_bf16x2(areg.v[i].x, areg.v[i].y), pack_bf16x2(areg.v[i].z, areg.v[i].w));
-                *reinterpret_cast<uint2 *>(As + stage * BM * TC_LDS + (q / AT::QPR) * TC_LDS + qcol) = u;
-            }
+    auto issue = [&](int t) {
+        const int st = t % S;
+        load_tile<bf16, BN, TC_BK, THREADS>(Bs + st * BN * TC_LDS, TC_LDS, W, K, N, K, n0, t * TC_BK, wvec, tid);
+        if constexpr (LN) {
+            load_tile<float, BM, TC_BK, THREADS>(Araw + st * BM * TC_BK, TC_BK, xf, ldx, M, K, m0, t * TC_BK, xvec, tid);
+            load_tile<float, 1, TC_BK, THREADS>(Graw + st * TC_BK, TC_BK, gamma, 0, 1, K, 0, t * TC_BK, gvec, tid);
+        } else {
+            load_tile<bf16, BM, TC_BK, THREADS>(As + st * BM * TC_LDS, TC_LDS, xb, ldx, M, K, m0, t * TC_BK, xvec, tid);
         }
     };
-
-    // Prologue: W (and bf16 x) tiles 0 .. STAGES-2 in flight; LN x tile 0 processed.
 #pragma unroll
-    for (int st = 0; st < TC_STAGES - 1; st++) {
-        if (st < KT) {
-            tile_bf16_async<BN, THREADS>(Bs + st * BN * TC_LDS, W, K, N, K, n0, st * TC_BK, wvec, tid);
-            if constexpr (!LN) tile_bf16_async<BM, THREADS>(As + st * BM * TC_LDS, xb, ldx, M, K, m0, st * TC_BK, xvec, tid);
-        }
+    for (int t = 0; t < S - 1; t++) {
+        if (t < KT) issue(t);
         cp_async_commit();
     }
-    if constexpr (LN) {
-        areg.load(xf, ldx, M, K, m0, 0, xvec, tid);
-        ln_shift<BM, TC_BK, THREADS>(areg, c, K);
-#pragma unroll
-        for (int i = 0; i < NQ; i++) s1[i] = s2[i] = 0.0f;
-        ln_process<NQ>(areg.v, c, s1, s2, gamma, K, qcol);
-        store_a(0);
-    }
 
+    LnRows<BM, TC_BK, THREADS> ln;
     float acc[MI][NI][4];
 #pragma unroll
     for (int i = 0; i < MI; i++)
@@ -510,23 +508,23 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
 
     for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<S - 2>();
+        __syncthreads();  // tile kt landed for all; iteration kt-1's readers are done
+        if (kt + S - 1 < KT) issue(kt + S - 1);
+        cp_async_commit();
+        const bf16 *as;
         if constexpr (LN) {
-            if (kt + 1 < KT) areg.load(xf, ldx, M, K, m0, (kt + 1) * TC_BK, xvec, tid);
+            ln.process(Araw + (kt % S) * BM * TC_BK, Graw + (kt % S) * TC_BK, K, kt * TC_BK, kt == 0, tid,
+                       [&](int r, int kq, const float (&t)[4]) {
+                           *reinterpret_cast<uint2 *>(As + r * TC_LDS + kq) =
+                               make_uint2(pack_bf16x2(t[0], t[1]), pack_bf16x2(t[2], t[3]));
+                       });
+            __syncthreads();
+            as = As;
+        } else {
+            as = As + (kt % S) * BM * TC_LDS;
         }
-        cp_async_wait<TC_STAGES - 2>();
-        __syncthreads();
-        {
-            const int nt = kt + TC_STAGES - 1;
-            if (nt < KT) {
-                tile_bf16_async<BN, THREADS>(Bs + (nt % TC_STAGES) * BN * TC_LDS, W, K, N, K, n0, nt * TC_BK, wvec, tid);
-                if constexpr (!LN)
-                    tile_bf16_async<BM, THREADS>(As + (nt % TC_STAGES) * BM * TC_LDS, xb, ldx, M, K, m0, nt * TC_BK,
-                                                 xvec, tid);
-            }
-            cp_async_commit();
-        }
-        const bf16 *as = As + (kt % ASTAGES) * BM * TC_LDS;
-        const bf16 *bs = Bs + (kt % TC_STAGES) * BN * TC_LDS;
+        const bf16 *bs = Bs + (kt % S) * BN * TC_LDS;
 #pragma unroll
         for (int kk = 0; kk < TC_BK; kk += 16) {
             uint32_t af[MI][4], bfr[NI][2];
@@ -548,17 +546,11 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 #pragma unroll
                 for (int j = 0; j < NI; j++) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
         }
-        if constexpr (LN) {
-            if (kt + 1 < KT) {
-                ln_process<NQ>(areg.v, c, s1, s2, gamma, K, (kt + 1) * TC_BK + qcol);
-                store_a((kt + 1) % 2);
-            }
-        }
     }
     cp_async_wait<0>();
 
     if constexpr (LN) {
-        ln_finish<NQ, AT::QPR, BM, THREADS>(s1, s2, c, row_dmean, row_rstd, K, tid);
+        ln.finish(row_dmean, row_rstd, K, tid);
         __syncthreads();
     }
 
@@ -581,75 +573,57 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 }
 
 // ----------------------------------------------------------------------------
-// fp32 SIMT kernel: BM x BN tile, TM x TN per thread, BK = 16, tiles transposed into shared
-// memory (k-major) so each thread reads its TM and TN values as float4s.
+// fp32 SIMT kernel: BM x BN tile, TM x TN per thread, BK = 16, STAGES raw tiles by cp.async;
+// each K step transposes its tiles into k-major operands (LayerNorm applied to x on the way), so
+// each thread reads its TM and TN values as float4s.
 
 constexpr int SIMT_BK = 16;
+constexpr int SIMT_STAGES = 4;
 
 template <int BM, int BN, int TM, int TN>
 constexpr int simt_threads() { return (BM / TM) * (BN / TN); }
 
+template <int BM, int BN>
+constexpr int simt_smem_bytes() {
+    return (SIMT_STAGES * (BM + BN + 1) * SIMT_BK + SIMT_BK * (BM + 4) + SIMT_BK * (BN + 4) + 2 * BM) * 4;
+}
+
 template <int BM, int BN, int TM, int TN, bool LN>
-__global__ void __launch_bounds__(simt_threads<BM, BN, TM, TN>())
+__global__ void __launch_bounds__(simt_threads<BM, BN, TM, TN>(), 1)
 simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict__ gamma, const float *__restrict__ W,
             int M, int N, int K, Epilogue e) {
     constexpr int THREADS = simt_threads<BM, BN, TM, TN>();
-    constexpr int BK = SIMT_BK;
-    using AT = ATileF32<BM, BK, THREADS>;
-    using BT = ATileF32<BN, BK, THREADS>;
-    constexpr int NQ = AT::NQ;
-    __shared__ __align__(16) float As[2][BK][BM + 4];
-    __shared__ __align__(16) float Bs[2][BK][BN + 4];
-    __shared__ float row_dmean[BM], row_rstd[BM];
+    constexpr int BK = SIMT_BK, S = SIMT_STAGES;
+    constexpr int QPR = BK / 4;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *Araw = reinterpret_cast<float *>(smem_raw);  // [S][BM][BK]
+    float *Braw = Araw + S * BM * BK;                   // [S][BN][BK]
+    float *Graw = Braw + S * BN * BK;                   // [S][BK]
+    float *At = Graw + S * BK;                          // [BK][BM + 4]
+    float *Bt = At + BK * (BM + 4);                     // [BK][BN + 4]
+    float *row_dmean = Bt + BK * (BN + 4), *row_rstd = row_dmean + BM;
 
     const int tid = threadIdx.x;
     const int tx = tid % (BN / TN), ty = tid / (BN / TN);
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int KT = (K + BK - 1) / BK;
-    const bool xvec = (ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    const bool xvec = (ldx % 4) == 0 && (K % 4) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
     const bool wvec = (K % 4) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
-    const int qcol = 4 * (tid % AT::QPR);
+    const bool gvec = (K % 4) == 0 && (reinterpret_cast<uintptr_t>(gamma) % 16) == 0;
 
-    AT a;
-    BT b;
-    float c[NQ], s1[NQ], s2[NQ];
-#pragma unroll
-    for (int i = 0; i < NQ; i++) c[i] = s1[i] = s2[i] = 0.0f;
-
-    auto store = [&](int st) {
-#pragma unroll
-        for (int i = 0; i < NQ; i++) {
-            const int q = tid + i * THREADS;
-            if (q < BM * AT::QPR) {
-                const int r = q / AT::QPR;
-                As[st][qcol + 0][r] = a.v[i].x;
-                As[st][qcol + 1][r] = a.v[i].y;
-                As[st][qcol + 2][r] = a.v[i].z;
-                As[st][qcol + 3][r] = a.v[i].w;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < BT::NQ; i++) {
-            const int q = tid + i * THREADS;
-            if (q < BN * BT::QPR) {
-                const int r = q / BT::QPR;
-                Bs[st][qcol + 0][r] = b.v[i].x;
-                Bs[st][qcol + 1][r] = b.v[i].y;
-                Bs[st][qcol + 2][r] = b.v[i].z;
-                Bs[st][qcol + 3][r] = b.v[i].w;
-            }
-        }
+    auto issue = [&](int t) {
+        const int st = t % S;
+        load_tile<float, BM, BK, THREADS>(Araw + st * BM * BK, BK, x, ldx, M, K, m0, t * BK, xvec, tid);
+        load_tile<float, BN, BK, THREADS>(Braw + st * BN * BK, BK, W, K, N, K, n0, t * BK, wvec, tid);
+        if constexpr (LN) load_tile<float, 1, BK, THREADS>(Graw + st * BK, BK, gamma, 0, 1, K, 0, t * BK, gvec, tid);
     };
-
-    a.load(x, ldx, M, K, m0, 0, xvec, tid);
-    b.load(W, K, N, K, n0, 0, wvec, tid);
-    if constexpr (LN) {
-        ln_shift<BM, BK, THREADS>(a, c, K);
-        ln_process<NQ>(a.v, c, s1, s2, gamma, K, qcol);
+#pragma unroll
+    for (int t = 0; t < S - 1; t++) {
+        if (t < KT) issue(t);
+        cp_async_commit();
     }
-    store(0);
-    __syncthreads();
 
+    LnRows<BM, BK, THREADS> ln;
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; i++)
@@ -657,22 +631,47 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
         for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
 
     for (int kt = 0; kt < KT; kt++) {
-        const int st = kt % 2;
-        if (kt + 1 < KT) {
-            a.load(x, ldx, M, K, m0, (kt + 1) * BK, xvec, tid);
-            b.load(W, K, N, K, n0, (kt + 1) * BK, wvec, tid);
+        cp_async_wait<S - 2>();
+        __syncthreads();
+        if (kt + S - 1 < KT) issue(kt + S - 1);
+        cp_async_commit();
+        const int st = kt % S;
+        if constexpr (LN) {
+            ln.process(Araw + st * BM * BK, Graw + st * BK, K, kt * BK, kt == 0, tid,
+                       [&](int r, int kq, const float (&t)[4]) {
+#pragma unroll
+                           for (int q = 0; q < 4; q++) At[(kq + q) * (BM + 4) + r] = t[q];
+                       });
+        } else {
+            for (int q = tid; q < BM * QPR; q += THREADS) {
+                const int r = q / QPR, kq = 4 * (q % QPR);
+                const float4 v = *reinterpret_cast<const float4 *>(Araw + st * BM * BK + r * BK + kq);
+                At[(kq + 0) * (BM + 4) + r] = v.x;
+                At[(kq + 1) * (BM + 4) + r] = v.y;
+                At[(kq + 2) * (BM + 4) + r] = v.z;
+                At[(kq + 3) * (BM + 4) + r] = v.w;
+            }
         }
+        for (int q = tid; q < BN * QPR; q += THREADS) {
+            const int r = q / QPR, kq = 4 * (q % QPR);
+            const float4 v = *reinterpret_cast<const float4 *>(Braw + st * BN * BK + r * BK + kq);
+            Bt[(kq + 0) * (BN + 4) + r] = v.x;
+            Bt[(kq + 1) * (BN + 4) + r] = v.y;
+            Bt[(kq + 2) * (BN + 4) + r] = v.z;
+            Bt[(kq + 3) * (BN + 4) + r] = v.w;
+        }
+        __syncthreads();
 #pragma unroll
         for (int k = 0; k < BK; k++) {
             float av[TM], bv[TN];
 #pragma unroll
             for (int i = 0; i < TM; i += 4) {
-                float4 t = *reinterpret_cast<const float4 *>(&As[st][k][ty * TM + i]);
+                float4 t = *reinterpret_cast<const float4 *>(At + k * (BM + 4) + ty * TM + i);
                 av[i] = t.x; av[i + 1] = t.y; av[i + 2] = t.z; av[i + 3] = t.w;
             }
 #pragma unroll
             for (int j = 0; j < TN; j += 4) {
-                float4 t = *reinterpret_cast<const float4 *>(&Bs[st][k][tx * TN + j]);
+                float4 t = *reinterpret_cast<const float4 *>(Bt + k * (BN + 4) + tx * TN + j);
                 bv[j] = t.x; bv[j + 1] = t.y; bv[j + 2] = t.z; bv[j + 3] = t.w;
             }
 #pragma unroll
@@ -680,15 +679,11 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 #pragma unroll
                 for (int j = 0; j < TN; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
-        if (kt + 1 < KT) {
-            if constexpr (LN) ln_process<NQ>(a.v, c, s1, s2, gamma, K, (kt + 1) * BK + qcol);
-            store(st ^ 1);
-        }
-        __syncthreads();
     }
+    cp_async_wait<0>();
 
     if constexpr (LN) {
-        ln_finish<NQ, AT::QPR, BM, THREADS>(s1, s2, c, row_dmean, row_rstd, K, tid);
+        ln.finish(row_dmean, row_rstd, K, tid);
         __syncthreads();
     }
 #pragma unroll
@@ -776,7 +771,7 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
                                   const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int CH = 32 * (16 / sizeof(WT));
     const int KP = (K + CH - 1) / CH * CH;
-    const int smem = MT * KP * (int)sizeof(XT);
+    const int smem = (MT * KP * (int)sizeof(XT)) + (LN ? KP * 4 : 0);
     auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
     cudaError_t err = allow_smem(kern, smem);
     if (err != cudaSuccess) return err;
@@ -796,8 +791,9 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     const long long row_bytes = (long long)(K + CH - 1) / CH * CH * (long long)sizeof(XT);
     int mt = 1;
     while (mt < 16 && mt < M) mt *= 2;
-    while (mt > 1 && mt * row_bytes > d.smem_optin) mt /= 2;
-    if (row_bytes > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
+    const long long extra = LN ? row_bytes : 0;  // gamma
+    while (mt > 1 && mt * row_bytes + extra > d.smem_optin) mt /= 2;
+    if (row_bytes + extra > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
     switch (mt) {
     case 1: return launch_gemv_mt<WT, XT, 1, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
     case 2: return launch_gemv_mt<WT, XT, 2, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
@@ -823,9 +819,13 @@ inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, c
 template <int BM, int BN, int TM, int TN, bool LN>
 inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma, const float *W, int M, int N, int K,
                                const Epilogue &e, cudaStream_t stream) {
+    constexpr int smem = simt_smem_bytes<BM, BN>();
+    auto kern = simt_kernel<BM, BN, TM, TN, LN>;
+    cudaError_t err = allow_smem(kern, smem);
+    if (err != cudaSuccess) return err;
     dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
     if (grid.y > 65535) return cudaErrorInvalidValue;
-    simt_kernel<BM, BN, TM, TN, LN><<<grid, simt_threads<BM, BN, TM, TN>(), 0, stream>>>(x, ldx, gamma, W, M, N, K, e);
+    kern<<<grid, simt_threads<BM, BN, TM, TN>(), smem, stream>>>(x, ldx, gamma, W, M, N, K, e);
     return cudaGetLastError();
 }
 
@@ -848,7 +848,7 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     if (w_bf16) {
         const bf16 *Wb = (const bf16 *)W;
         switch (path) {
-        case PATH_TILED_XS: return launch_tc<32, 64, 1, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
+        case PATH_TILED_XS: return launch_tc<32, 32, 2, 2, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
         case PATH_TILED_S: return launch_tc<64, 64, 2, 2, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
         case PATH_TILED_L: return launch_tc<128, 128, 2, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
         default: return cudaErrorInvalidValue;
