@@ -164,6 +164,7 @@ def main():
     import transformers
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     torch.manual_seed(a.seed)
     L, C, NH = SIZES[a.size]
     cfg = transformers.GPT2Config(n_layer=L, n_embd=C, n_head=NH, vocab_size=V, n_positions=MAXT)
@@ -252,7 +253,7 @@ def main():
                 del m
             for B in batches:
                 torch.compiler.reset()
-                with torch.inference_mode():
+                with torch.no_grad():
                     m = StaticGPT2(hf, B, P + new)
                     step = torch.compile(m.step, mode="reduce-overhead", fullgraph=True)
                     ids = torch.randint(0, V, (B, P), device="cuda", generator=g)

@@ -63,6 +63,9 @@ def main():
     a = ap.parse_args()
     by_size = {}
     for f in a.files:
+        if not os.path.exists(f):
+            print(f"plot_bench: {f}: no such file, skipped", file=sys.stderr)
+            continue
         with open(f) as fh:
             d = json.load(fh)
         if "results" not in d:

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, then `./gpt2 bench` and/or scripts/bench_torch.py, writing
+# JSON, tables and charts under $OUT (or ./bench_out). What runs is chosen by the arguments:
+#   scripts/bench_device.sh smoke           e2e_bench.sh, a quick 124M bench, --kernels --quick, a short torch run
+#   scripts/bench_device.sh gpt2 SIZE...    full ./gpt2 bench of each size (+ --kernels), JSON per size
+#   scripts/bench_device.sh torch SIZE      scripts/bench_torch.py at SIZE, then charts of every JSON in $OUT and docs/bench/
+# Needs the headers/libraries that scripts/devkit.sh puts in .devkit (carry it).
+set -u
+OUT=${OUT:-bench_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.devkit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+build() {
+    make -j16 CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a" EXTRA_CFLAGS=-I$PWD/.devkit/include \
+        EXTRA_LDFLAGS=-L$PWD/.devkit/lib gpt2 >/tmp/build.log 2>&1 && return 0
+    echo "build failed:"; grep -E "error" /tmp/build.log | head -20
+    return 1
+}
+what=${1:-smoke}; shift || true
+case "$what" in
+smoke)
+    build || exit 1
+    GPT2_BUILD=build/gpu GPT2_BIN=$PWD/gpt2 GPT2_TMP=/tmp/e2e bash tests/e2e_bench.sh
+    ./gpt2 bench --quick --size 124M --json "$OUT/smoke_124M.json" >"$OUT/smoke_124M.txt" 2>&1; echo "bench rc=$?"
+    ./gpt2 bench --kernels --quick --json "$OUT/kernels_quick.json" >"$OUT/kernels_quick.txt" 2>&1; echo "kernels rc=$?"
+    timeout 200 python3 scripts/bench_torch.py --size 124M --quick --batches 1,8 --prompts 16,1024 \
+        --json "$OUT/torch_smoke.json" >"$OUT/torch_smoke.txt" 2>&1; echo "torch rc=$?"
+    python3 scripts/plot_bench.py --out "$OUT" "$OUT/smoke_124M.json" "$OUT/torch_smoke.json"
+    tail -n 30 "$OUT/smoke_124M.txt"; tail -n 25 "$OUT/kernels_quick.txt"; tail -n 20 "$OUT/torch_smoke.txt"
+    ;;
+gpt2)
+    build || exit 1
+    for size in "$@"; do
+        ./gpt2 bench --size "$size" --json "$OUT/gpt2_$size.json" >"$OUT/gpt2_$size.txt" 2>&1; echo "bench $size rc=$?"
+    done
+    ./gpt2 bench --kernels --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1; echo "kernels rc=$?"
+    for size in "$@"; do grep -v "^bench \[" "$OUT/gpt2_$size.txt" | tail -n 45; done
+    tail -n 60 "$OUT/kernels.txt"
+    ;;
+torch)
+    size=${1:-124M}
+    python3 scripts/bench_torch.py --size "$size" --json "$OUT/torch_$size.json" >"$OUT/torch_$size.txt" 2>&1
+    echo "torch rc=$?"
+    python3 scripts/plot_bench.py --out "$OUT" "$OUT"/*.json docs/bench/*.json
+    tail -n 30 "$OUT/torch_$size.txt"
+    ;;
+esac
