@@ -314,7 +314,8 @@ static void gpu_engine_destroy(Engine *e) {
         if (g->s.stream) CUDA_WARN(cudaStreamSynchronize(g->s.stream));
         for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
         free(g->events);
-        if (g->s.cublas) cublasDestroy(g->s.cublas);
+        if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
+            fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
         if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
         if (g->acts) CUDA_WARN(cudaFree(g->acts));
         if (g->cache) CUDA_WARN(cudaFree(g->cache));
