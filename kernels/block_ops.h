@@ -73,6 +73,8 @@ typedef struct GpuState {
     float *att;           // [max_batch * NH, max_seq, max_seq] fp32 attention scores
     void *att_p;          // same shape, dtype: probabilities (== att when fp32: softmax in place)
     float *logits;        // [R, V] fp32
+    void *workspace;         // the table's scratch (BlockOps.workspace_bytes), zeroed at creation
+    size_t workspace_bytes;
 } GpuState;
 
 // One forward call's shape: B sequences of T new tokens at positions [pos, pos + T).
@@ -85,6 +87,10 @@ typedef struct {
 typedef struct {
     const char *name;     // the Engine's name: "gpu", "gpu-reference"
     int unfused_buffers;  // 1: allocate ln, scratch, att, att_p (the reference needs them)
+    // Bytes of scratch the table's kernels want (e.g. flash-decoding partials), for this state's
+    // shapes (max_batch, max_seq, NH, HS); NULL or 0: none. The engine allocates it once with the
+    // activations, zeroed, as s->workspace.
+    size_t (*workspace_bytes)(const struct GpuState *s);
     int (*attn_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*attention)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*attn_out)(GpuState *s, const GpuStep *st, int l, Error *err);

@@ -190,6 +190,9 @@ static size_t layout_acts(GpuEngine *g, char *base) {
         if (s->dtype == DTYPE_F32) s->att_p = s->att;
         else TAKE(s->att_p, void *, att * ds);
     }
+    s->workspace_bytes = g->ops->workspace_bytes ? g->ops->workspace_bytes(s) : 0;
+    s->workspace = NULL;
+    if (s->workspace_bytes) TAKE(s->workspace, void *, s->workspace_bytes);
 #undef TAKE
     return off;
 }
@@ -198,6 +201,7 @@ static int alloc_acts(GpuEngine *g, Error *err) {
     g->act_bytes = layout_acts(g, NULL);
     if (gpu_alloc(&g->acts, g->act_bytes, "the activations", err)) return -1;
     layout_acts(g, (char *)g->acts);
+    if (g->s.workspace) CUDA_TRY(cudaMemsetAsync(g->s.workspace, 0, g->s.workspace_bytes, g->s.stream));
     return 0;
 }
 

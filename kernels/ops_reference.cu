@@ -77,6 +77,7 @@ static int ref_logits(GpuState *s, const GpuStep *st, int all_positions, Error *
 const BlockOps reference_ops = {
     .name = "gpu-reference",
     .unfused_buffers = 1,
+    .workspace_bytes = NULL,
     .attn_in = ref_attn_in,
     .attention = ref_attention,
     .attn_out = ref_attn_out,
