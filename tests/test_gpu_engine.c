@@ -388,6 +388,28 @@ int main(void) {
         if (i == 0) check_trace(&m), check_errors(&m);
         gpt2_model_free(&m);
     }
+    // Layers of GPT-2 medium (C 1024, NH 16) and XL (C 1600, NH 25) against the CPU; a long context
+    // (1024 positions) decoded through the cache.
+    Shape big[] = {
+        {"medium_layer", {.max_seq_len = 48, .vocab_size = 600, .padded_vocab_size = 640, .num_layers = 2,
+                          .num_heads = 16, .channels = 1024}},
+        {"xl_layer", {.max_seq_len = 32, .vocab_size = 1000, .padded_vocab_size = 1024, .num_layers = 1,
+                      .num_heads = 25, .channels = 1600}},
+    };
+    for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
+        GPT2Model m;
+        make_model(&m, big[i].config, DTYPE_F32, 200 + i, 0.02f);
+        check_against_cpu(&m, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
+        check_decode(&m, big[i].name, 2, big[i].config.max_seq_len, 5);
+        gpt2_model_free(&m);
+    }
+    GPT2Model ml;
+    make_model(&ml, (GPT2Config){.max_seq_len = 1024, .vocab_size = 300, .padded_vocab_size = 384, .num_layers = 2,
+                                 .num_heads = 2, .channels = 64},
+               DTYPE_F32, 300, 0.1f);
+    check_decode(&ml, "long1024", 1, 1024, 1000);
+    check_decode(&ml, "long1024", 2, 1024, 1000);
+    gpt2_model_free(&ml);
     // A bf16 checkpoint: run as bf16 (no conversion) and as fp32 (widened at upload, then exact).
     GPT2Model mb;
     make_model(&mb, shapes[1].config, DTYPE_BF16, 7, 0.08f);
