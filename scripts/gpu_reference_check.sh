@@ -2,7 +2,8 @@
 # One call on a lent GPU machine for the reference GPU path (issue 4): build for sm_90a, the unit
 # test, the end-to-end checks against transformers, compute-sanitizer (memcheck, racecheck) on the
 # unit test, and a decode timing for docs/PERF.md. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_reference_check.sh [build] [unit] [e2e] [sanitize] [time]   (default: all)
+#   bash scripts/gpu_reference_check.sh [build] [unit] [e2e] [sanitize|memcheck|racecheck] [maketest] [time]
+# (default: build unit e2e sanitize time; `time` needs the 124M-shape model that e2e writes)
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu/check}
@@ -26,8 +27,11 @@ for s in $steps; do
         build/gpu/tests/test_gpu_engine 2>&1 | tee "$out/unit.log" ;;
     e2e)
         bash tests/e2e_gpu.sh 2>&1 | tee "$out/e2e.log" ;;
-    sanitize)
-        for tool in memcheck racecheck; do
+    maketest)
+        timeout 200 make "${mk[@]}" test 2>&1 | tee "$out/make_test.log" | grep -E "^(FAIL|SKIP|==)|passed," ;;
+    memcheck|racecheck|sanitize)
+        tools=$s; [ $s = sanitize ] && tools="memcheck racecheck"
+        for tool in $tools; do
             GPT2_NO_OOM_TEST=1 compute-sanitizer --tool $tool --error-exitcode 9 build/gpu/tests/test_gpu_engine \
                 >"$out/$tool.log" 2>&1
             echo "$tool: exit $? | $(grep -c '^PASS' "$out/$tool.log") PASS, $(grep -c '^FAIL' "$out/$tool.log") FAIL |" \
