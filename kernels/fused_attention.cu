@@ -1,6 +1,6 @@
 // Fused causal attention over the KV cache (issue 5): see fused_attention.h for the contract.
 //
-// Three kernels and a merge:
+// Three kernels:
 //   attn_prefill_mma   bf16, HS % 8 == 0. Flash-attention 2 on tensor cores: 4 warps x 16 queries,
 //                      keys in tiles of 64 double-buffered through cp.async; S = Q K^T and O += P V
 //                      with mma.sync m16n8k16 (fp32 accumulators). The S accumulators are re-packed
@@ -11,9 +11,10 @@
 //                      memory so every inner-loop read is a conflict-free float4.
 //   attn_decode        T <= 4 (generation): flash-decoding. The grid is (splits, NH, B); each block
 //                      streams its chunk of one head's cache in 64-key tiles (16-byte cp.async,
-//                      8 lanes per key for q.k, key groups for p.v) and writes its partial
-//                      (max, sum, acc) to the workspace, or the output directly when unsplit.
-//   attn_decode_merge  out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+//                      double-buffered, 8 lanes per key for q.k, key groups for p.v) and writes its
+//                      partial (max, sum, acc) to the workspace, or the output directly when
+//                      unsplit. The last block of a head to finish (a counter per head) merges:
+//                      out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. No second launch.
 // Causal tiles are never loaded: a query tile starting at q0 reads keys < pos + q0 + 64 only.
 // Every softmax starts from key 0, which every query sees, so running maxima are finite after the
 // first tile and no -inf - -inf arises in the prefill kernels; decode chunks can be fully masked
@@ -92,16 +93,214 @@ __device__ __forceinline__ void load_rows(E *dst, int dst_stride, const E *src, 
     }
 }
 
+// rows x cols of E, contiguous in global and shared memory alike, through 16-byte cp.async;
+// rows past rows_valid zero-filled. No index arithmetic beyond a multiply.
+template <typename E>
+__device__ __forceinline__ void load_flat(E *dst, const E *src, int rows, int rows_valid, int cols) {
+    constexpr int VW = 16 / sizeof(E);
+    const int nv = cols / VW, n = rows * nv, nvalid = rows_valid * nv;
+    for (int u = threadIdx.x; u < n; u += kThreads) {
+        const bool ok = u < nvalid;
+        cp_async16(dst + u * VW, ok ? src + (size_t)u * VW : src, ok ? 16 : 0);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Decode: flash-decoding over chunks of the cache
 
-// Shared-memory layout of attn_decode, shared by host and device.
+// Workspace: split counters (the last block of a head to finish merges it), then the partials.
+constexpr size_t kCounterBytes = 65536;
+constexpr int kMaxCounters = (int)(kCounterBytes / sizeof(unsigned));
+
+// The end of a split block: its partial (res = unnormalised sum p.v [T][HS], ms / ls = max and sum
+// per query, all in shared memory and visible) goes to pb = this head's partials [T][splits][2 + HS];
+// the last of the head's blocks to arrive (counter) merges all splits into out (this head's columns
+// of row b*T) and leaves the counter at zero:
+//   out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M finite (split 0 holds key 0).
+template <typename E>
+__device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *outh, int T, int HS, int C, int split,
+                                             int splits, const float *res, const float *ms, const float *ls) {
+    const int tid = threadIdx.x;
+    const size_t prow = (size_t)HS + 2;
+    for (int i = tid; i < T * HS; i += kThreads) {
+        const int t = i / HS, d = i - t * HS;
+        pb[((size_t)t * splits + split) * prow + 2 + d] = res[i];
+    }
+    if (tid < T) {
+        pb[((size_t)tid * splits + split) * prow] = ms[tid];
+        pb[((size_t)tid * splits + split) * prow + 1] = ls[tid];
+    }
+    __shared__ unsigned ticket;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != (unsigned)splits - 1) return;
+    __threadfence();
+    for (int i = tid; i < T * HS; i += kThreads) {
+        const int t = i / HS, d = i - t * HS;
+        const float *p = pb + (size_t)t * splits * prow;
+        float M = -INFINITY;
+        for (int sp = 0; sp < splits; sp++) M = fmaxf(M, __ldcg(p + sp * prow));
+        float num = 0.f, den = 0.f;
+        for (int sp = 0; sp < splits; sp++) {
+            const float w = exp2f(__ldcg(p + sp * prow) - M);
+            den = fmaf(w, __ldcg(p + sp * prow + 1), den);
+            num = fmaf(w, __ldcg(p + sp * prow + 2 + d), num);
+        }
+        outh[(size_t)t * C + d] = from_f<E>(num / den);
+    }
+    if (tid == 0) *counter = 0;
+}
+
+// T = 1, HS a multiple of 16 bytes: no shared-memory staging. The block's 16 quarter-warps are 16
+// independent flash-decoding streams: quarter s takes keys k0 + 16u + s of each 16U-key step, its
+// 8 lanes hold 16-byte column chunks sub, sub + 8, ... of q, of the key and value rows (loaded
+// straight into registers, U keys' K and V in flight per lane) and of acc. q.k is a 3-step shuffle
+// within the quarter; the running max and sum are per stream, so no barrier until the 16 streams
+// merge at the end. QIT = 16-byte chunks per lane (HS / (8 * 16 / sizeof(E)), rounded up).
+template <typename E, int QIT>
+__global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q, const E *__restrict__ kc,
+                                                         const E *__restrict__ vc, E *__restrict__ out,
+                                                         unsigned *__restrict__ counters, float *__restrict__ part,
+                                                         int pos, int NH, int HS, int max_seq, int chunk, int splits,
+                                                         float scale_log2) {
+    constexpr int VW = 16 / sizeof(E);
+    constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
+    constexpr int NS = 16;                     // streams per block
+    __shared__ __align__(16) float sm_acc[NS][QIT * 8 * VW];
+    __shared__ float sm_m[NS], sm_l[NS], res[QIT * 8 * VW], ms[1], ls[1];
+
+    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, sub = lane & 7, stream = tid >> 3;
+    const int NV = HS / VW, C = NH * HS, L = pos + 1;
+    const int kbeg = split * chunk, kend = min(kbeg + chunk, L);
+    const size_t bh = (size_t)b * NH + h;
+    const E *kb = kc + bh * max_seq * HS;
+    const E *vb = vc + bh * max_seq * HS;
+
+    float qr[QIT][VW], acc[QIT][VW];
+#pragma unroll
+    for (int it = 0; it < QIT; it++) {
+        const int v = sub + it * 8;
+        if (v < NV) unpack16(q + (size_t)b * C + h * HS + v * VW, qr[it]);
+#pragma unroll
+        for (int e = 0; e < VW; e++) {
+            qr[it][e] = v < NV ? qr[it][e] * scale_log2 : 0.f;
+            acc[it][e] = 0.f;
+        }
+    }
+    float m = -INFINITY, l = 0.f;
+
+    for (int k0 = kbeg; k0 < kend; k0 += NS * U) {
+        uint4 kraw[U][QIT], vraw[U][QIT];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int key = k0 + u * NS + stream;
+#pragma unroll
+            for (int it = 0; it < QIT; it++) {
+                const int v = sub + it * 8;
+                if (key < kend && v < NV) {
+                    kraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(kb + (size_t)key * HS + v * VW));
+                    vraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(vb + (size_t)key * HS + v * VW));
+                } else {
+                    kraw[u][it] = make_uint4(0, 0, 0, 0);
+                    vraw[u][it] = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+        float sc[U];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int it = 0; it < QIT; it++) {
+                float kf[VW];
+                unpack16(reinterpret_cast<const E *>(&kraw[u][it]), kf);
+#pragma unroll
+                for (int e = 0; e < VW; e++) dot = fmaf(qr[it][e], kf[e], dot);
+            }
+            dot += __shfl_xor_sync(0xffffffffu, dot, 4);
+            dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+            dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+            sc[u] = (k0 + u * NS + stream < kend) ? dot : -INFINITY;
+            mx = fmaxf(mx, sc[u]);
+        }
+        const float m_new = fmaxf(m, mx);
+        if (m_new != -INFINITY) {  // the same in the quarter's 8 lanes
+            const float alpha = exp2f(m - m_new);
+            l *= alpha;
+#pragma unroll
+            for (int it = 0; it < QIT; it++)
+#pragma unroll
+                for (int e = 0; e < VW; e++) acc[it][e] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float p = exp2f(sc[u] - m_new);
+                l += p;
+#pragma unroll
+                for (int it = 0; it < QIT; it++) {
+                    float vf[VW];
+                    unpack16(reinterpret_cast<const E *>(&vraw[u][it]), vf);
+#pragma unroll
+                    for (int e = 0; e < VW; e++) acc[it][e] = fmaf(p, vf[e], acc[it][e]);
+                }
+            }
+            m = m_new;
+        }
+    }
+
+    // Merge the 16 streams (a stream with no key has m = -inf, weight 0).
+#pragma unroll
+    for (int it = 0; it < QIT; it++) {
+        const int v = sub + it * 8;
+        if (v < NV) {
+#pragma unroll
+            for (int e = 0; e < VW; e++) sm_acc[stream][v * VW + e] = acc[it][e];
+        }
+    }
+    if (sub == 0) {
+        sm_m[stream] = m;
+        sm_l[stream] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+#pragma unroll
+    for (int s2 = 0; s2 < NS; s2++) M = fmaxf(M, sm_m[s2]);  // finite: the chunk holds a key
+    float w[NS], den = 0.f;
+#pragma unroll
+    for (int s2 = 0; s2 < NS; s2++) {
+        w[s2] = exp2f(sm_m[s2] - M);
+        den = fmaf(w[s2], sm_l[s2], den);
+    }
+    E *outh = out + (size_t)b * C + h * HS;
+    for (int d = tid; d < HS; d += kThreads) {
+        float num = 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < NS; s2++) num = fmaf(w[s2], sm_acc[s2][d], num);
+        if (splits == 1) outh[d] = from_f<E>(num / den);
+        else res[d] = num;
+    }
+    if (splits == 1) return;
+    if (tid == 0) { ms[0] = M; ls[0] = den; }
+    __syncthreads();
+    finish_split(part + bh * splits * ((size_t)HS + 2), counters + bh, outh, 1, HS, C, split, splits, res, ms, ls);
+}
+
+
+// Shared-memory layout of attn_decode, shared by host and device. Two K/V stages (the next tile's
+// cp.async in flight while this one is used) when they fit in 32 KB, so that 6 or more blocks still
+// share a multiprocessor; else one.
 struct DecodeSmem {
     int hsp;          // HS rounded up to 16 bytes of E
-    size_t kv;        // K and V tiles, or (after the loop) the key-group partial sums
-    size_t q;         // offset of q (fp32, [TQ][hsp])
+    int stages;       // K/V tile buffers: 2 (double-buffered) or 1
+    size_t tile;      // elements of one K (or V) tile
+    size_t q;         // offset of q (fp32, [TQ][hsp]); before it the K/V tiles, or (after the
+                      // loop) the key-group partial sums
     size_t s;         // offset of the scores / probabilities (fp32, [TQ][KT])
     size_t stats;     // offset of max, sum, rescale per query
+    size_t res;       // offset of the block's unnormalised output (fp32, [TQ][hsp])
     size_t total;
 };
 
@@ -109,29 +308,31 @@ __host__ __device__ inline DecodeSmem decode_smem(int HS, int esize) {
     DecodeSmem L;
     const int vw = 16 / esize;
     L.hsp = (HS + vw - 1) / vw * vw;
-    size_t kv = 2 * (size_t)kDecodeKT * L.hsp * esize;
-    size_t red = (size_t)kThreads * kDecodeTQ * vw * sizeof(float);
-    L.kv = 0;
+    L.tile = (size_t)kDecodeKT * L.hsp;
+    L.stages = 4 * L.tile * esize <= 32 * 1024 ? 2 : 1;
+    const size_t kv = 2 * L.stages * L.tile * esize;
+    const size_t red = (size_t)kThreads * kDecodeTQ * vw * sizeof(float);
     L.q = (kv > red ? kv : red);
     L.s = L.q + (size_t)kDecodeTQ * L.hsp * sizeof(float);
     L.stats = L.s + (size_t)kDecodeTQ * kDecodeKT * sizeof(float);
-    L.total = L.stats + 3 * kDecodeTQ * sizeof(float);
+    L.res = L.stats + 4 * kDecodeTQ * sizeof(float);
+    L.total = L.res + (size_t)kDecodeTQ * L.hsp * sizeof(float);
     return L;
 }
 
 template <typename E, int TQ>
 __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q, const E *__restrict__ kc,
                                                         const E *__restrict__ vc, E *__restrict__ out,
-                                                        float *__restrict__ part, int T, int pos, int NH, int HS,
-                                                        int max_seq, int chunk, int splits, float scale_log2,
-                                                        int vec) {
+                                                        unsigned *__restrict__ counters, float *__restrict__ part,
+                                                        int T, int pos, int NH, int HS, int max_seq, int chunk,
+                                                        int splits, float scale_log2, int vec) {
     constexpr int VW = 16 / sizeof(E);
     constexpr int KT = kDecodeKT;
     extern __shared__ __align__(16) unsigned char smem[];
     const DecodeSmem lay = decode_smem(HS, sizeof(E));
     const int HSP = lay.hsp, NV = HSP / VW;
-    E *Ks = reinterpret_cast<E *>(smem);
-    E *Vs = Ks + KT * HSP;
+    E *Kbuf = reinterpret_cast<E *>(smem);  // [stages][KT][HSP], then V the same
+    E *Vbuf = Kbuf + lay.stages * lay.tile;
     float *red = reinterpret_cast<float *>(smem);
     float *qs = reinterpret_cast<float *>(smem + lay.q);
     float *S = reinterpret_cast<float *>(smem + lay.s);
@@ -163,14 +364,29 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
     const int quarter = lane >> 3, sub = lane & 7;
     float qr[TQ][QIT][VW];
 
+    auto load_tile = [&](int k0, int buf) {
+        const int rows = min(KT, kend - k0);
+        if (vec) {  // HSP == HS: the tile is one contiguous run in both memories
+            load_flat(Kbuf + buf * lay.tile, kb + (size_t)k0 * HS, KT, rows, HS);
+            load_flat(Vbuf + buf * lay.tile, vb + (size_t)k0 * HS, KT, rows, HS);
+        } else {
+            load_rows(Kbuf + buf * lay.tile, HSP, kb + (size_t)k0 * HS, HS, KT, rows, HS, false);
+            load_rows(Vbuf + buf * lay.tile, HSP, vb + (size_t)k0 * HS, HS, KT, rows, HS, false);
+        }
+        cp_async_commit();
+    };
+    load_tile(kbeg, 0);
     for (int k0 = kbeg; k0 < kend; k0 += KT) {
         const int rows = min(KT, kend - k0);
-        __syncthreads();  // the last tile's readers are done (and q / stats are initialised)
-        load_rows(Ks, HSP, kb + (size_t)k0 * HS, HS, KT, rows, HS, vec != 0);
-        load_rows(Vs, HSP, vb + (size_t)k0 * HS, HS, KT, rows, HS, vec != 0);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
+        const int cur = lay.stages == 2 ? ((k0 - kbeg) / KT) & 1 : 0;
+        if (lay.stages == 2 && k0 + KT < kend) {
+            load_tile(k0 + KT, cur ^ 1);  // its buffer was last read before the previous barrier
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile k0 (and q / stats at the start) visible to all
+        const E *Ks = Kbuf + cur * lay.tile, *Vs = Vbuf + cur * lay.tile;
 
         if (k0 == kbeg) {  // this lane's q columns, once (qs is visible after the barrier above)
 #pragma unroll
@@ -232,6 +448,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
             float sum = p0 + p1;
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp();  // every lane has read m_s[t] before lane 0 rewrites it
             if (lane == 0) {
                 const float alpha = exp2f(m_old - m_use);
                 m_s[t] = m_new;
@@ -260,10 +477,12 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
                 }
             }
         }
+        __syncthreads();  // done with this tile's buffer and S
+        if (lay.stages == 1 && k0 + KT < kend) load_tile(k0 + KT, 0);
     }
 
-    // Sum the key groups, then write the output (one split) or this split's partial.
-    __syncthreads();
+    // Sum the key groups, then write the output (one split) or this split's partial; the last
+    // split of this head to finish merges them all (counters are left at zero for the next call).
     if (g < KG) {
 #pragma unroll
         for (int t = 0; t < TQ; t++)
@@ -271,41 +490,19 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
             for (int e = 0; e < VW; e++) red[(g * TQ + t) * HSP + c * VW + e] = acc[t][e];
     }
     __syncthreads();
-    const size_t prow = (size_t)HS + 2;
+    float *res = reinterpret_cast<float *>(smem + lay.res);
+    E *outh = out + (size_t)b * T * C + h * HS;
     for (int i = tid; i < T * HS; i += kThreads) {
         const int t = i / HS, d = i - t * HS;
         float s = 0.f;
         for (int gg = 0; gg < KG; gg++) s += red[(gg * TQ + t) * HSP + d];
-        if (splits == 1) {
-            out[((size_t)b * T + t) * C + h * HS + d] = from_f<E>(s / l_s[t]);
-        } else {
-            part[((bh * T + t) * splits + split) * prow + 2 + d] = s;
-        }
+        if (splits == 1) outh[(size_t)t * C + d] = from_f<E>(s / l_s[t]);
+        else res[i] = s;
     }
-    if (splits > 1 && tid < T) {
-        float *p = part + ((bh * T + tid) * splits + split) * prow;
-        p[0] = m_s[tid];
-        p[1] = l_s[tid];
-    }
-}
-
-template <typename E>
-__global__ void __launch_bounds__(kThreads) attn_decode_merge(const float *__restrict__ part, E *__restrict__ out,
-                                                              int T, int NH, int HS, int splits) {
-    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const size_t prow = (size_t)HS + 2;
-    const float *p = part + ((((size_t)b * NH + h) * T + t) * splits) * prow;
-    float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, p[s * prow]);  // finite: split 0 holds key 0
-    for (int d = threadIdx.x; d < HS; d += kThreads) {
-        float num = 0.f, den = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const float w = exp2f(p[s * prow] - M);
-            den = fmaf(w, p[s * prow + 1], den);
-            num = fmaf(w, p[s * prow + 2 + d], num);
-        }
-        out[((size_t)b * T + t) * NH * HS + h * HS + d] = from_f<E>(num / den);
-    }
+    if (splits == 1) return;
+    __syncthreads();
+    finish_split(part + bh * T * splits * ((size_t)HS + 2), counters + bh, outh, T, HS, C, split, splits, res, m_s,
+                 l_s);
 }
 
 // ----------------------------------------------------------------------------
@@ -523,23 +720,58 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+// Two groups of 4 warps split a query tile's keys: group g takes key tiles g, g + 2, ... with its
+// own buffers and named barrier, and the groups' (max, sum, acc) merge through shared memory at the
+// end. This halves the longest block's serial chain (a causal T = 1024 tile walks 16 key tiles) and
+// gives the scheduler 8 warps per block.
+constexpr int kMmaThreads = 256;
+
 template <int HSP> struct MmaSmem {
     static constexpr int ST = HSP + 8;  // 16 bytes of padding per row: ldmatrix rows hit distinct banks
-    static constexpr size_t bytes = (size_t)5 * 64 * ST * sizeof(bf16);  // Q, 2 x K, 2 x V
+    static constexpr int STAGES = HSP <= 64 ? 2 : 1;  // per group; 1 keeps HS = 128 under 99 KB (sm_86)
+    static constexpr size_t tile = (size_t)64 * ST;  // elements of one 64-row tile
+    static constexpr size_t bytes = (1 + 2 * 2 * STAGES) * tile * sizeof(bf16);  // Q, 2 groups x (K, V)
+    // the exchange (per thread of a group: 2 maxima, 2 sums, the accumulators) fits in a group's buffers
+    static_assert((size_t)(HSP / 8 * 4 + 4) * 128 * sizeof(float) <= 2 * STAGES * tile * sizeof(bf16), "xch");
 };
 
+// Named barrier 1 or 2 for the 128 threads of warp group g (0 is __syncthreads).
+__device__ __forceinline__ void group_barrier(int g) {
+    if (g == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+
+// 64 rows of HS bf16 (row stride src_stride) into shared rows of stride ST through 16-byte cp.async
+// by `nthr` threads (index i), rows past rows_valid zero-filled, columns past HS untouched.
+template <int HSP, int ST, int NTHR>
+__device__ __forceinline__ void load_tile64(bf16 *dst, const bf16 *src, int src_stride, int rows_valid, int HS,
+                                            int i0) {
+    constexpr int CPR = HSP / 8;  // 16-byte chunks per padded row (4, 8, 12, 16)
+#pragma unroll
+    for (int i = 0; i < 64 * CPR / NTHR; i++) {
+        const int u = i0 + i * NTHR, r = u / CPR, c = u % CPR;
+        if (c * 8 < HS) {  // the padding columns were zeroed once
+            const bool ok = r < rows_valid;
+            cp_async16(dst + r * ST + c * 8, ok ? src + (size_t)r * src_stride + c * 8 : src, ok ? 16 : 0);
+        }
+    }
+}
+
 template <int HSP>
-__global__ void __launch_bounds__(kThreads) attn_prefill_mma(const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
-                                                             const bf16 *__restrict__ vc, bf16 *__restrict__ out,
-                                                             int T, int pos, int NH, int HS, int max_seq,
-                                                             float scale_log2) {
-    constexpr int BN = 64, ST = MmaSmem<HSP>::ST, NK = HSP / 16, NO = HSP / 8;
+__global__ void __launch_bounds__(kMmaThreads) attn_prefill_mma(const bf16 *__restrict__ q,
+                                                                const bf16 *__restrict__ kc,
+                                                                const bf16 *__restrict__ vc, bf16 *__restrict__ out,
+                                                                int T, int pos, int NH, int HS, int max_seq,
+                                                                float scale_log2) {
+    typedef MmaSmem<HSP> Lay;
+    constexpr int BN = 64, ST = Lay::ST, NK = HSP / 16, NO = HSP / 8, STAGES = Lay::STAGES;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *Qs = reinterpret_cast<bf16 *>(smem);  // [64][ST]
-    bf16 *Ks = Qs + kBM * ST;                    // [2][BN][ST]
-    bf16 *Vs = Ks + 2 * BN * ST;                 // [2][BN][ST]
+    bf16 *Qs = reinterpret_cast<bf16 *>(smem);  // [64][ST], then per group: K [STAGES][64][ST], V the same
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int grp = warp >> 2, wq = warp & 3, gtid = tid & 127;
+    bf16 *Kg = Qs + Lay::tile * (1 + grp * 2 * STAGES);
+    bf16 *Vg = Kg + Lay::tile * STAGES;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBM;
     const int h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS, L = pos + T;
@@ -548,48 +780,51 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_mma(const bf16 *__restr
     const bf16 *kb = kc + bh * max_seq * HS;
     const bf16 *vb = vc + bh * max_seq * HS;
 
-    if (HS < HSP) {  // padding columns: zero once, cp.async never writes them
+    if (HS < HSP) {  // padding columns of every buffer: zero once, cp.async never writes them
         const bf16 z = __float2bfloat16_rn(0.f);
-        for (int u = tid; u < 5 * 64 * (HSP - HS); u += kThreads) {
+        for (int u = tid; u < (int)(Lay::bytes / sizeof(bf16) / ST) * (HSP - HS); u += kMmaThreads) {
             const int r = u / (HSP - HS), c = HS + u % (HSP - HS);
             Qs[r * ST + c] = z;
         }
     }
-    load_rows(Qs, ST, qb, C, kBM, min(kBM, T - q0), HS, true);
+    load_tile64<HSP, ST, kMmaThreads>(Qs, qb, C, min(kBM, T - q0), HS, tid);
+    cp_async_commit();
 
     const int kmax = min(L, pos + q0 + kBM);
     const int ntiles = (kmax + BN - 1) / BN;
-    auto load_kv = [&](int it) {
-        const int k0 = it * BN, rows = min(BN, L - k0);
-        load_rows(Ks + (it & 1) * BN * ST, ST, kb + (size_t)k0 * HS, HS, BN, rows, HS, true);
-        load_rows(Vs + (it & 1) * BN * ST, ST, vb + (size_t)k0 * HS, HS, BN, rows, HS, true);
+    const int nt = (ntiles - grp + 1) / 2;  // this group's tiles: grp, grp + 2, ...
+    auto load_kv = [&](int j) {             // the group's j-th tile
+        const int k0 = (grp + 2 * j) * BN, rows = min(BN, L - k0), buf = STAGES == 2 ? (j & 1) : 0;
+        load_tile64<HSP, ST, 128>(Kg + buf * Lay::tile, kb + (size_t)k0 * HS, HS, rows, HS, gtid);
+        load_tile64<HSP, ST, 128>(Vg + buf * Lay::tile, vb + (size_t)k0 * HS, HS, rows, HS, gtid);
         cp_async_commit();
     };
-    load_kv(0);
+    if (nt > 0) load_kv(0);
+    if (nt > 0) cp_async_wait<1>(); else cp_async_wait<0>();  // Q landed (this thread's part)
+    __syncthreads();                                            // ... and everyone's, padding too
 
     uint32_t qf[NK][4];
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) ldsm_x4(qf[kk], Qs + (wq * 16 + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8);
+
     float o[NO][4];
 #pragma unroll
     for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const int r0 = q0 + warp * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
+    const int r0 = q0 + wq * 16 + (lane >> 2);  // this thread's rows: r0 and r0 + 8
     const int qpos0 = pos + r0, qpos1 = qpos0 + 8;
 
-    for (int it = 0; it < ntiles; it++) {
-        if (it + 1 < ntiles) {
-            load_kv(it + 1);
+    for (int j = 0; j < nt; j++) {
+        const int buf = STAGES == 2 ? (j & 1) : 0;
+        if (STAGES == 2 && j + 1 < nt) {
+            load_kv(j + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++)
-                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8);
-        }
-        const bf16 *Kb = Ks + (it & 1) * BN * ST;
-        const bf16 *Vb = Vs + (it & 1) * BN * ST;
+        group_barrier(grp);
+        const bf16 *Kb = Kg + buf * Lay::tile;
+        const bf16 *Vb = Vg + buf * Lay::tile;
 
         float s[8][4];
 #pragma unroll
@@ -604,7 +839,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_mma(const bf16 *__restr
             }
         }
 
-        const int k0 = it * BN;
+        const int k0 = (grp + 2 * j) * BN;
         const bool need_mask = (k0 + BN - 1 > pos + q0) || (k0 + BN > L);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -623,17 +858,20 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_mma(const bf16 *__restr
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: tile 0 holds key 0
-        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        // A row can see no key in this group's tiles so far (group 1 past the diagonal): keep -inf
+        // out of the exponents.
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
         m0 = mn0;
         m1 = mn1;
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
-            s[n][0] = exp2f(s[n][0] - mn0);
-            s[n][1] = exp2f(s[n][1] - mn0);
-            s[n][2] = exp2f(s[n][2] - mn1);
-            s[n][3] = exp2f(s[n][3] - mn1);
+            s[n][0] = exp2f(s[n][0] - mu0);
+            s[n][1] = exp2f(s[n][1] - mu0);
+            s[n][2] = exp2f(s[n][2] - mu1);
+            s[n][3] = exp2f(s[n][3] - mu1);
             rs0 += s[n][0] + s[n][1];
             rs1 += s[n][2] + s[n][3];
         }
@@ -661,7 +899,38 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_mma(const bf16 *__restr
                 mma_bf16(o[2 * nd + 1], a, vf[2], vf[3]);
             }
         }
-        __syncthreads();  // this buffer is refilled two iterations on
+        group_barrier(grp);  // the group is done with this buffer
+        if (STAGES == 1 && j + 1 < nt) load_kv(j + 1);
+    }
+
+    // Group 1 hands its state to the same thread of group 0 (same rows and columns) through its own
+    // buffers, laid out [value][thread] so that the 128 threads' stores hit distinct banks.
+    float *xch = reinterpret_cast<float *>(Qs + Lay::tile * (1 + 2 * STAGES));
+    if (grp == 1) {
+        xch[0 * 128 + gtid] = m0;
+        xch[1 * 128 + gtid] = m1;
+        xch[2 * 128 + gtid] = l0;
+        xch[3 * 128 + gtid] = l1;
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) xch[(4 + n * 4 + e) * 128 + gtid] = o[n][e];
+    }
+    __syncthreads();
+    if (grp == 1) return;
+    {
+        const float n0 = xch[0 * 128 + gtid], n1 = xch[1 * 128 + gtid];
+        const float M0 = fmaxf(m0, n0), M1 = fmaxf(m1, n1);  // finite: group 0 holds key 0
+        const float fa0 = exp2f(m0 - M0), fb0 = exp2f(n0 - M0), fa1 = exp2f(m1 - M1), fb1 = exp2f(n1 - M1);
+        l0 = l0 * fa0 + xch[2 * 128 + gtid] * fb0;
+        l1 = l1 * fa1 + xch[3 * 128 + gtid] * fb1;
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            o[n][0] = o[n][0] * fa0 + xch[(4 + n * 4 + 0) * 128 + gtid] * fb0;
+            o[n][1] = o[n][1] * fa0 + xch[(4 + n * 4 + 1) * 128 + gtid] * fb0;
+            o[n][2] = o[n][2] * fa1 + xch[(4 + n * 4 + 2) * 128 + gtid] * fb1;
+            o[n][3] = o[n][3] * fa1 + xch[(4 + n * 4 + 3) * 128 + gtid] * fb1;
+        }
     }
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -706,45 +975,109 @@ template <typename K> cudaError_t allow_smem(K kernel, size_t bytes) {
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+// Resident blocks per multiprocessor of a decode kernel (cached per kernel and shared memory).
+template <typename K> int blocks_per_sm(K kernel, size_t smem) {
+    static size_t cached_smem = ~(size_t)0;
+    static int cached = 0;
+    if (cached_smem != smem || cached <= 0) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess || n <= 0) {
+            cudaGetLastError();
+            n = 4;
+        }
+        cached = n;
+        cached_smem = smem;
+    }
+    return cached;
+}
+
+// The split counters of a workspace must start at zero; kernels leave them so. Zero them on the
+// first call that sees a workspace (callers are asked to, too: see the header).
+cudaError_t ensure_counters_zeroed(void *ws, cudaStream_t stream) {
+    static const void *seen[64];
+    static int nseen = 0;
+    for (int i = 0; i < nseen; i++)
+        if (seen[i] == ws) return cudaSuccess;
+    cudaError_t e = cudaMemsetAsync(ws, 0, kCounterBytes, stream);
+    if (e == cudaSuccess && nseen < 64) seen[nseen++] = ws;
+    return e;
+}
+
+// Keys per block (a multiple of 64) for bh heads of L keys: minimise waves x (tiles per block + 1),
+// the +1 for a block's fixed costs (q, the partial, the merge), within what the workspace holds.
+struct Split {
+    int chunk, splits;
+};
+Split choose_split(long long bh, int T, int L, int HS, int blocks_per_sm_, const void *ws, size_t ws_bytes) {
+    const int ntiles = (L + kDecodeKT - 1) / kDecodeKT;
+    const long long slots = (long long)blocks_per_sm_ * sm_count();
+    const size_t per_split = (size_t)bh * T * (HS + 2) * sizeof(float);
+    long long max_splits = ntiles;
+    if (!ws || ws_bytes <= kCounterBytes || bh > kMaxCounters) max_splits = 1;
+    else if ((size_t)max_splits * per_split > ws_bytes - kCounterBytes)
+        max_splits = (long long)((ws_bytes - kCounterBytes) / per_split);
+    if (max_splits < 1) max_splits = 1;
+    long long best = 1, best_cost = -1;
+    for (long long sp = 1; sp <= max_splits; sp++) {
+        const long long per_block = (ntiles + sp - 1) / sp;
+        const long long cost = ((bh * sp + slots - 1) / slots) * (per_block + 1);
+        if (best_cost < 0 || cost < best_cost) { best = sp; best_cost = cost; }
+    }
+    const int chunk_tiles = (int)((ntiles + best - 1) / best);
+    Split s;
+    s.chunk = chunk_tiles * kDecodeKT;
+    s.splits = (ntiles + chunk_tiles - 1) / chunk_tiles;
+    return s;
+}
+
+template <typename E, int TQ>
+cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
+                             int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
+    auto kern = attn_decode<E, TQ>;
+    const DecodeSmem lay = decode_smem(HS, sizeof(E));
+    cudaError_t e = allow_smem(kern, lay.total);
+    if (e != cudaSuccess) return e;
+    const long long bh = (long long)B * NH;
+    const Split sp = choose_split(bh, T, pos + T, HS, blocks_per_sm(kern, lay.total), ws, ws_bytes);
+    if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
+    const bool vec = HS % (16 / sizeof(E)) == 0 && aligned16(kc) && aligned16(vc);
+    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
+    unsigned *counters = static_cast<unsigned *>(ws);
+    float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
+    kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, lay.total, stream>>>(
+        q, kc, vc, out, counters, part, T, pos, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2, vec);
+    return cudaGetLastError();
+}
+
+template <typename E, int QIT>
+cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, int pos, int NH, int HS, int max_seq,
+                           void *ws, size_t ws_bytes, cudaStream_t stream) {
+    auto kern = attn_decode1<E, QIT>;
+    const long long bh = (long long)B * NH;
+    const Split sp = choose_split(bh, 1, pos + 1, HS, blocks_per_sm(kern, 0), ws, ws_bytes);
+    cudaError_t e;
+    if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
+    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
+    unsigned *counters = static_cast<unsigned *>(ws);
+    float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
+    kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, 0, stream>>>(q, kc, vc, out, counters, part, pos, NH, HS,
+                                                                    max_seq, sp.chunk, sp.splits, scale_log2);
+    return cudaGetLastError();
+}
+
 template <typename E>
 cudaError_t launch_decode(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
                           int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
-    const int L = pos + T;
-    const int ntiles = (L + kDecodeKT - 1) / kDecodeKT;
-    const long long bh = (long long)B * NH;
-    // Enough blocks for about 8 per multiprocessor, never below one tile per block.
-    long long splits = (8LL * sm_count() + bh - 1) / bh;
-    if (splits > ntiles) splits = ntiles;
-    const size_t per_split = (size_t)bh * T * (HS + 2) * sizeof(float);
-    if (splits > 1 && (size_t)splits * per_split > ws_bytes) splits = ws ? (long long)(ws_bytes / per_split) : 1;
-    if (splits < 1) splits = 1;
-    const int chunk_tiles = (int)((ntiles + splits - 1) / splits);
-    const int chunk = chunk_tiles * kDecodeKT;
-    splits = (ntiles + chunk_tiles - 1) / chunk_tiles;
-
-    const DecodeSmem lay = decode_smem(HS, sizeof(E));
-    const bool vec = HS % (16 / sizeof(E)) == 0 && aligned16(kc) && aligned16(vc);
-    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
-    float *part = static_cast<float *>(ws);
-    dim3 grid((unsigned)splits, NH, B);
-    cudaError_t e;
-    if (T == 1) {
-        auto kern = attn_decode<E, 1>;
-        if ((e = allow_smem(kern, lay.total)) != cudaSuccess) return e;
-        kern<<<grid, kThreads, lay.total, stream>>>(q, kc, vc, out, part, T, pos, NH, HS, max_seq, chunk, (int)splits,
-                                                    scale_log2, vec);
-    } else {
-        auto kern = attn_decode<E, kDecodeTQ>;
-        if ((e = allow_smem(kern, lay.total)) != cudaSuccess) return e;
-        kern<<<grid, kThreads, lay.total, stream>>>(q, kc, vc, out, part, T, pos, NH, HS, max_seq, chunk, (int)splits,
-                                                    scale_log2, vec);
+    constexpr int VW = 16 / sizeof(E);
+    if (T == 1 && HS % VW == 0 && aligned16(q) && aligned16(kc) && aligned16(vc)) {
+        const int nv = HS / VW;  // 16-byte chunks per row: 8 lanes take 1, 2 or 4 each
+        if (nv <= 8) return launch_decode1<E, 1>(q, kc, vc, out, B, pos, NH, HS, max_seq, ws, ws_bytes, stream);
+        if (nv <= 16) return launch_decode1<E, 2>(q, kc, vc, out, B, pos, NH, HS, max_seq, ws, ws_bytes, stream);
+        if constexpr (sizeof(E) == 4)  // bf16 rows of 128 hold 16 chunks at most
+            return launch_decode1<E, 4>(q, kc, vc, out, B, pos, NH, HS, max_seq, ws, ws_bytes, stream);
     }
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if (splits > 1) {
-        attn_decode_merge<E><<<dim3(T, NH, B), kThreads, 0, stream>>>(part, out, T, NH, HS, (int)splits);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    }
-    return cudaSuccess;
+    if (T == 1) return launch_decode_tq<E, 1>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, ws, ws_bytes, stream);
+    return launch_decode_tq<E, kDecodeTQ>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, ws, ws_bytes, stream);
 }
 
 template <typename E, int HSP, int BN>
@@ -779,7 +1112,7 @@ cudaError_t launch_mma(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out,
     if (e != cudaSuccess) return e;
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     dim3 grid((T + kBM - 1) / kBM, NH, B);
-    kern<<<grid, kThreads, smem, stream>>>(q, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2);
+    kern<<<grid, kMmaThreads, smem, stream>>>(q, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2);
     return cudaGetLastError();
 }
 
@@ -788,7 +1121,7 @@ cudaError_t launch_mma(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out,
 extern "C" size_t fused_attention_workspace_size(int B, int num_heads, int head_size, int max_seq) {
     if (B <= 0 || num_heads <= 0 || head_size <= 0 || max_seq <= 0) return 0;
     const size_t tiles = ((size_t)max_seq + kDecodeKT - 1) / kDecodeKT;
-    return (size_t)B * num_heads * kDecodeTQ * tiles * (head_size + 2) * sizeof(float);
+    return kCounterBytes + (size_t)B * num_heads * kDecodeTQ * tiles * (head_size + 2) * sizeof(float);
 }
 
 extern "C" int fused_attention(const void *q, const void *k_cache, const void *v_cache, void *out, DType dtype, int B,

@@ -11,8 +11,8 @@
 //     skipped. bf16 with HS % 8 == 0: tensor cores (mma.sync m16n8k16, fp32 accumulation and
 //     softmax, P rounded to bf16 for P.V); fp32 (or odd HS): fp32 FMA throughout.
 //   decode (T <= 4): flash-decoding. Each (b, h)'s keys are cut into chunks handled by separate
-//     blocks that write partial (max, sum, acc) into the workspace; a second small kernel merges
-//     them. So B=1 with a long cache still fills the GPU.
+//     blocks that write partial (max, sum, acc) into the workspace; the last of a head's blocks to
+//     finish merges them (one launch). So B=1 with a long cache still fills the GPU.
 // Any HS from 1 to 128 (HS = 64 is the tuned case), any B, NH, T, pos with pos + T <= max_seq.
 // Nothing is allocated per call, no host synchronisation: capturable in a CUDA graph.
 #pragma once
@@ -32,8 +32,10 @@ extern "C" {
 #endif
 
 // Bytes of workspace that let fused_attention split the cache as finely as it wants for any call
-// with at most B sequences, num_heads heads of head_size and a cache of max_seq positions.
-// (About 13 MiB for GPT-2 124M at B = 64, max_seq = 1024.) Allocate once, pass to every call.
+// with at most B sequences, num_heads heads of head_size and a cache of max_seq positions
+// (about 13 MiB for GPT-2 124M at B = 64, max_seq = 1024). Allocate once, zero it once
+// (cudaMemset: its first 64 KiB are per-head counters that every call leaves at zero again),
+// and pass it to every call on one stream.
 size_t fused_attention_workspace_size(int B, int num_heads, int head_size, int max_seq);
 
 // Enqueues attention on `stream`; returns cudaSuccess (0) or the error (cudaErrorInvalidValue for

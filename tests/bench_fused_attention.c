@@ -179,6 +179,7 @@ static void bench_case(cublasHandle_t h, cudaStream_t st, DType dt, int B, int T
     CK(cudaMalloc(&c.probs, (size_t)nb * T * L * es));
     c.ws_bytes = fused_attention_workspace_size(B, NH, HS, MAXSEQ);
     CK(cudaMalloc(&c.ws, c.ws_bytes));
+    CK(cudaMemset(c.ws, 0, c.ws_bytes));  // once, as the header asks
     fill(c.q, nq, dt);
     fill(c.k, nkv, dt);
     fill(c.v, nkv, dt);
