@@ -86,6 +86,70 @@ __device__ __forceinline__ float ln_apply(const Epilogue &e, bool ln, int n, flo
     return ln ? rstd * (acc - dmean * e.s[n]) : acc;
 }
 
+// Columns n and n + 1 of row m (the tiled kernels' accumulator pairs): one 4- or 8-byte store when
+// both land side by side and aligned, else two.
+__device__ __forceinline__ void epi_store2(const Epilogue &e, int m, int n, float v0, float v1) {
+    if (n + 1 >= e.N) {
+        if (n < e.N) epi_store(e, m, n, v0);
+        return;
+    }
+    if (e.mode == OUT_RESIDUAL) {
+        float *p = e.residual + (size_t)m * e.N + n;
+        if (e.bias) v0 += e.bias[n], v1 += e.bias[n + 1];
+        if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+            float2 r = *reinterpret_cast<float2 *>(p);
+            r.x += v0;
+            r.y += v1;
+            *reinterpret_cast<float2 *>(p) = r;
+        } else {
+            p[0] += v0;
+            p[1] += v1;
+        }
+        return;
+    }
+    size_t idx;
+    void *dst;
+    if (e.mode == OUT_QKV) {
+        int which = n / e.C, c = n - which * e.C;
+        int h = c / e.hs, d = c - h * e.hs;
+        if (d + 1 >= e.hs) {  // the pair straddles two heads (odd head size)
+            epi_store(e, m, n, v0);
+            epi_store(e, m, n + 1, v1);
+            return;
+        }
+        if (which == 0) {
+            dst = e.y;
+            idx = (size_t)m * e.C + c;
+        } else {
+            int b = m / e.T, t = m - b * e.T;
+            dst = which == 1 ? e.k_cache : e.v_cache;
+            idx = (((size_t)b * e.nh + h) * e.max_seq + e.pos + t) * e.hs + d;
+        }
+    } else {
+        dst = e.y;
+        idx = (size_t)m * e.ldy + n;
+    }
+    if (e.bias) v0 += e.bias[n], v1 += e.bias[n + 1];
+    if (e.gelu) v0 = gelu_tanh(v0), v1 = gelu_tanh(v1);
+    if (e.y_bf16) {
+        bf16 *p = (bf16 *)dst + idx;
+        if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
+            *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v0, v1);
+        } else {
+            p[0] = __float2bfloat16_rn(v0);
+            p[1] = __float2bfloat16_rn(v1);
+        }
+    } else {
+        float *p = (float *)dst + idx;
+        if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+            *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+        } else {
+            p[0] = v0;
+            p[1] = v1;
+        }
+    }
+}
+
 __device__ __forceinline__ float bf16lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
@@ -563,12 +627,12 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
             if (m >= M) continue;
             const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
 #pragma unroll
-            for (int j = 0; j < NI; j++)
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const int n = n0 + wn * WTN + j * 8 + 2 * tig + q;
-                    if (n < N) epi_store(e, m, n, ln_apply(e, LN, n, acc[i][j][h * 2 + q], dm, rs));
-                }
+            for (int j = 0; j < NI; j++) {
+                const int n = n0 + wn * WTN + j * 8 + 2 * tig;
+                if (n < N)
+                    epi_store2(e, m, n, ln_apply(e, LN, n, acc[i][j][h * 2], dm, rs),
+                               n + 1 < N ? ln_apply(e, LN, n + 1, acc[i][j][h * 2 + 1], dm, rs) : 0.0f);
+            }
         }
 }
 
@@ -692,9 +756,11 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
         if (m >= M) continue;
         const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
 #pragma unroll
-        for (int j = 0; j < TN; j++) {
+        for (int j = 0; j < TN; j += 2) {
             const int n = n0 + tx * TN + j;
-            if (n < N) epi_store(e, m, n, ln_apply(e, LN, n, acc[i][j], dm, rs));
+            if (n < N)
+                epi_store2(e, m, n, ln_apply(e, LN, n, acc[i][j], dm, rs),
+                           n + 1 < N ? ln_apply(e, LN, n + 1, acc[i][j + 1], dm, rs) : 0.0f);
         }
     }
 }
