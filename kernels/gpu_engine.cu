@@ -40,7 +40,8 @@ extern "C" int gpu_available(Error *err) {
     if (e != cudaSuccess) {
         cudaGetLastError();
         if (e == cudaErrorNoDevice) return fail(err, "no CUDA device"), 0;
-        if (e == cudaErrorInsufficientDriver) return fail(err, "no NVIDIA driver new enough: %s", cudaGetErrorString(e)), 0;
+        if (e == cudaErrorInsufficientDriver)
+            return fail(err, "no NVIDIA driver new enough: %s", cudaGetErrorString(e)), 0;
         return fail(err, "%s", cudaGetErrorString(e)), 0;
     }
     if (n == 0) return fail(err, "no CUDA device"), 0;
@@ -212,7 +213,8 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
                             GpuTraceFn trace, void *user, Error *err) {
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
-    if (B < 1 || B > s->max_batch) return fail(err, "batch %d is outside 1..%d (the engine's max batch)", B, s->max_batch);
+    if (B < 1 || B > s->max_batch)
+        return fail(err, "batch %d is outside 1..%d (the engine's max batch)", B, s->max_batch);
     if (T < 1 || pos < 0 || pos + T > s->max_seq)
         return fail(err, "positions %d..%d are outside the context of %d", pos, pos + T - 1, s->max_seq);
     for (int i = 0; i < B * T; i++)
@@ -243,7 +245,8 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
             MARK();
         }
         if (trace) {
-            if (!g->host_trace) g->host_trace = (float *)xmalloc((size_t)s->max_batch * s->max_seq * s->C * sizeof(float));
+            if (!g->host_trace)
+                g->host_trace = (float *)xmalloc((size_t)s->max_batch * s->max_seq * s->C * sizeof(float));
             CUDA_TRY(cudaMemcpyAsync(g->host_trace, s->x, (size_t)st.M * s->C * sizeof(float), cudaMemcpyDeviceToHost,
                                      stream));
             CUDA_TRY(cudaStreamSynchronize(stream));
@@ -274,9 +277,9 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 extern "C" int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err) {
     if (e->free != gpu_engine_destroy) return fail(err, "profiling needs a GPU engine, not %s", e->name);
     GpuEngine *g = (GpuEngine *)e->impl;
-    if (prof && !g->events) {
-        int n = 5 * g->s.L + 4;
-        g->events = (cudaEvent_t *)xcalloc((size_t)n, sizeof(cudaEvent_t));
+    if (prof) {
+        int n = 5 * g->s.L + 4;  // start | input | 5 per layer | logits | output
+        if (!g->events) g->events = (cudaEvent_t *)xcalloc((size_t)n, sizeof(cudaEvent_t));
         for (; g->nevents < n; g->nevents++) CUDA_TRY(cudaEventCreate(&g->events[g->nevents]));
     }
     g->prof = prof;

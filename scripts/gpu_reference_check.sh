@@ -34,7 +34,9 @@ for s in $steps; do
         for tool in $tools; do
             GPT2_NO_OOM_TEST=1 compute-sanitizer --tool $tool --error-exitcode 9 build/gpu/tests/test_gpu_engine \
                 >"$out/$tool.log" 2>&1
-            echo "$tool: exit $? | $(grep -c '^PASS' "$out/$tool.log") PASS, $(grep -c '^FAIL' "$out/$tool.log") FAIL |" \
+            rc=$?
+            echo "$tool: exit $rc | $(grep -c '^PASS' "$out/$tool.log") PASS," \
+                "$(grep -c '^FAIL' "$out/$tool.log") FAIL |" \
                 "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | tail -n 1)"
         done ;;
     time)

@@ -20,9 +20,12 @@ mkdir -p "$dir"
 # test_gpu_engine.c prints those rows' fp32 gaps.
 cases=(
   "gpt2_124M_shape|--seed 5|-B 2 -T 64"
-  "odd_C150_NH6_HS25_V1001|--layers 3 --channels 150 --heads 6 --vocab 1001 --max-seq 64 --ln-std 0.2 --seed 1|-B 3 -T 64"
-  "odd_C200_NH5_HS40_V2003|--layers 2 --channels 200 --heads 5 --vocab 2003 --max-seq 40 --ln-std 0.2 --seed 2|-B 2 -T 40"
-  "bf16_checkpoint|--layers 2 --channels 120 --heads 3 --vocab 777 --max-seq 32 --ln-std 0.2 --dtype bf16 --seed 3|-B 2 -T 32"
+  "odd_C150_NH6_HS25_V1001|--layers 3 --channels 150 --heads 6 --vocab 1001 --max-seq 64 --ln-std 0.2 --seed 1|\
+-B 3 -T 64"
+  "odd_C200_NH5_HS40_V2003|--layers 2 --channels 200 --heads 5 --vocab 2003 --max-seq 40 --ln-std 0.2 --seed 2|\
+-B 2 -T 40"
+  "bf16_checkpoint|--layers 2 --channels 120 --heads 3 --vocab 777 --max-seq 32 --ln-std 0.2 --dtype bf16 --seed 3|\
+-B 2 -T 32"
 )
 for c in "${cases[@]}"; do
     IFS='|' read -r name make dump <<<"$c"
@@ -70,7 +73,8 @@ else
     hf=$($PY scripts/check_hf_generate.py -m "$m" --tokens "$prompt_ids" -n 64 2>"$dir/hf.err")
     distinct=$(echo "$ours" | tr ' ' '\n' | tail -n 64 | sort -u | wc -l)
     echo "  greedy 64 tokens: $distinct distinct ids; ours: $ours"
-    [ -n "$hf" ] && [ "$ours" = "$hf" ]; check gpu_generate_equals_hf $? "ours: $ours | hf: $hf $(tail -n 2 "$dir/hf.err")"
+    [ -n "$hf" ] && [ "$ours" = "$hf" ]
+    check gpu_generate_equals_hf $? "ours: $ours | hf: $hf $(tail -n 2 "$dir/hf.err")"
 fi
 grep -q "engine: gpu-reference" "$dir/gen.err"; check gpu_generate_on_reference $? "$(cat "$dir/gen.err")"
 grep -q "KV cache .* MiB" "$dir/gen.err" && grep -q "activations .* MiB" "$dir/gen.err"
