@@ -81,12 +81,17 @@ typedef struct GpuState {
 typedef struct {
     int B, T, pos;
     int M;  // B * T
+    // Inside a captured decode graph (gpu_engine.cu) the position changes from replay to replay,
+    // so it is read from this device int instead of pos; NULL otherwise. Only tables that set
+    // BlockOps.device_position are captured.
+    const int *pos_device;
 } GpuStep;
 
 // Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.
 typedef struct {
     const char *name;     // the Engine's name: "gpu", "gpu-reference"
     int unfused_buffers;  // 1: allocate ln, scratch, att, att_p (the reference needs them)
+    int device_position;  // 1: every op honours GpuStep.pos_device, so decode replays as a CUDA graph
     // Bytes of scratch the table's kernels want (e.g. flash-decoding partials), for this state's
     // shapes (max_batch, max_seq, NH, HS); NULL or 0: none. The engine allocates it once with the
     // activations, zeroed, as s->workspace.

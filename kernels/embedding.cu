@@ -5,7 +5,9 @@
 
 template <typename T>
 __global__ void embedding_kernel(float *__restrict__ x, const int *__restrict__ tokens, const T *__restrict__ wte,
-                                 const T *__restrict__ wpe, int T_, int pos, int C) {
+                                 const T *__restrict__ wpe, int T_, int pos, const int *__restrict__ pos_device,
+                                 int C) {
+    if (pos_device) pos = *pos_device;  // a decode graph's position, set before each replay
     int row = blockIdx.x;
     int t = row % T_;
     const T *we = wte + (size_t)tokens[row] * C;
@@ -15,9 +17,9 @@ __global__ void embedding_kernel(float *__restrict__ x, const int *__restrict__ 
 }
 
 cudaError_t embedding_forward(float *x, const int *tokens, const void *wte, const void *wpe, int M, int T, int pos,
-                              int C, DType dt, cudaStream_t stream) {
+                              const int *pos_device, int C, DType dt, cudaStream_t stream) {
     int threads = C >= 256 ? 256 : ((C + 31) / 32) * 32;
     DISPATCH_DTYPE(dt, E, embedding_kernel<E><<<M, threads, 0, stream>>>(x, tokens, (const E *)wte, (const E *)wpe, T,
-                                                                            pos, C));
+                                                                            pos, pos_device, C));
     return cudaGetLastError();
 }

@@ -12,9 +12,18 @@
 #include "block_ops.h"
 #include "cuda_check.h"
 #include "reference_kernels.h"
+#include "sampling.h"
 
 // The fused table is linked in when kernels/ops_fused.cu exists; until then its address is NULL.
 extern const BlockOps fused_ops __attribute__((weak));
+
+// A decode step captured as a CUDA graph for one batch size and the sampler settings it bakes in;
+// the position, tokens and draws reach it through the staging area.
+typedef struct {
+    cudaGraphExec_t exec;
+    float temperature, top_p;
+    int top_k;
+} DecodeGraph;
 
 typedef struct {
     GpuState s;
@@ -25,6 +34,11 @@ typedef struct {
     GpuProfile *prof;                   // gpu_engine_profile: where forwards add their times
     cudaEvent_t *events;                // 5L + 4 step boundaries, created on first use
     int nevents;
+    // Decode steps (gpu_decode): a pinned staging area and its device mirror, both laid out
+    // [pos | tokens[max_batch] | draws[max_batch] (float bits) | next[max_batch]], so a step is one
+    // copy in and one copy out around the model and the sampler.
+    int *io_host, *io_dev;
+    DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
 } GpuEngine;
 
 static void gpu_engine_destroy(Engine *e);
@@ -209,10 +223,8 @@ static int alloc_acts(GpuEngine *g, Error *err) {
 // ----------------------------------------------------------------------------
 // Forward
 
-static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
-                            GpuTraceFn trace, void *user, Error *err) {
-    GpuEngine *g = (GpuEngine *)e->impl;
-    GpuState *s = &g->s;
+// Checks one step's shape and tokens against what the engine was built for.
+static int check_step(const GpuState *s, const int *tokens, int B, int T, int pos, Error *err) {
     if (B < 1 || B > s->max_batch)
         return fail(err, "batch %d is outside 1..%d (the engine's max batch)", B, s->max_batch);
     if (T < 1 || pos < 0 || pos + T > s->max_seq)
@@ -220,58 +232,143 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     for (int i = 0; i < B * T; i++)
         if (tokens[i] < 0 || tokens[i] >= s->V)
             return fail(err, "token %d at index %d is outside the vocabulary 0..%d", tokens[i], i, s->V - 1);
-    GpuStep st = {B, T, pos, B * T};
+    return 0;
+}
+
+// Profiling: an event at each step boundary (start | input | 5 per layer | logits | output).
+#define MARK()                                                               \
+    do {                                                                     \
+        if (profile) CUDA_TRY(cudaEventRecord(g->events[(*ev)++], stream)); \
+    } while (0)
+
+// Enqueues the model for one step whose tokens are on the device: the embedding, every block
+// through the op table, and the logits into s->logits. trace (forward_trace) needs the host.
+static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev, int all_positions, int profile,
+                         int *ev, GpuTraceFn trace, void *user, Error *err) {
+    GpuState *s = &g->s;
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
-    int ev = 0;  // profiling: the next step boundary
-#define MARK() \
-    if (g->prof) CUDA_TRY(cudaEventRecord(g->events[ev++], stream))
-
-    MARK();
-    CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
-    CUDA_TRY(embedding_forward(s->x, s->tokens, s->wte, s->wpe, st.M, T, pos, s->C, s->dtype, stream));
+    CUDA_TRY(embedding_forward(s->x, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos, st->pos_device, s->C,
+                               s->dtype, stream));
     MARK();
     for (int l = -1; l < s->L; l++) {
         if (l >= 0) {
-            if (ops->attn_in(s, &st, l, err)) return -1;
+            if (ops->attn_in(s, st, l, err)) return -1;
             MARK();
-            if (ops->attention(s, &st, l, err)) return -1;
+            if (ops->attention(s, st, l, err)) return -1;
             MARK();
-            if (ops->attn_out(s, &st, l, err)) return -1;
+            if (ops->attn_out(s, st, l, err)) return -1;
             MARK();
-            if (ops->mlp_in(s, &st, l, err)) return -1;
+            if (ops->mlp_in(s, st, l, err)) return -1;
             MARK();
-            if (ops->mlp_out(s, &st, l, err)) return -1;
+            if (ops->mlp_out(s, st, l, err)) return -1;
             MARK();
         }
         if (trace) {
             if (!g->host_trace)
                 g->host_trace = (float *)xmalloc((size_t)s->max_batch * s->max_seq * s->C * sizeof(float));
-            CUDA_TRY(cudaMemcpyAsync(g->host_trace, s->x, (size_t)st.M * s->C * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream));
+            CUDA_TRY(cudaMemcpyAsync(g->host_trace, s->x, (size_t)st->M * s->C * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream));
             CUDA_TRY(cudaStreamSynchronize(stream));
-            trace(user, l, g->host_trace, B, T, s->C);
+            trace(user, l, g->host_trace, st->B, st->T, s->C);
         }
     }
-    if (ops->logits(s, &st, all_positions, err)) return -1;
+    if (ops->logits(s, st, all_positions, err)) return -1;
     MARK();
+    return 0;
+}
+
+static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
+                            GpuTraceFn trace, void *user, Error *err) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    GpuState *s = &g->s;
+    if (check_step(s, tokens, B, T, pos, err)) return -1;
+    GpuStep st = {B, T, pos, B * T, NULL};
+    cudaStream_t stream = s->stream;
+    int profile = g->prof != NULL, n = 0, *ev = &n;
+
+    MARK();
+    CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (enqueue_model(g, &st, s->tokens, all_positions, profile, ev, trace, user, err)) return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
     CUDA_TRY(cudaMemcpyAsync(logits, s->logits, rows * s->V * sizeof(float), cudaMemcpyDeviceToHost, stream));
     MARK();
-#undef MARK
     CUDA_TRY(cudaStreamSynchronize(stream));
-    if (g->prof) {
-        // Boundaries: start | input | 5 per layer | logits | output.
-        for (int i = 1; i < ev; i++) {
+    if (profile) {
+        for (int i = 1; i < n; i++) {
             float ms;
             CUDA_TRY(cudaEventElapsedTime(&ms, g->events[i - 1], g->events[i]));
-            int kind = i == 1 ? GPU_PROF_INPUT : i == ev - 1 ? GPU_PROF_OUTPUT : i == ev - 2 ? GPU_PROF_LOGITS
-                                                                                  : GPU_PROF_ATTN_IN + (i - 2) % 5;
+            int kind = i == 1 ? GPU_PROF_INPUT : i == n - 1 ? GPU_PROF_OUTPUT : i == n - 2 ? GPU_PROF_LOGITS
+                                                                                : GPU_PROF_ATTN_IN + (i - 2) % 5;
             g->prof->ms[kind] += ms;
         }
         g->prof->forwards++;
     }
     return 0;
+}
+#undef MARK
+
+// ----------------------------------------------------------------------------
+// Decode: one token per sequence, sampled on the device, replayed as a CUDA graph
+
+// The step as enqueued work: the staging area in, the model at T = 1, the sampler, the ids out.
+static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int in_graph, Error *err) {
+    GpuState *s = &g->s;
+    cudaStream_t stream = s->stream;
+    int mb = s->max_batch, *tokens = g->io_dev + 1, *next = g->io_dev + 1 + 2 * mb;
+    const float *draws = (const float *)(g->io_dev + 1 + mb);
+    CUDA_TRY(cudaMemcpyAsync(g->io_dev, g->io_host, (1 + 2 * (size_t)mb) * sizeof(int), cudaMemcpyHostToDevice,
+                             stream));
+    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL};
+    int unused = 0;
+    if (enqueue_model(g, &st, tokens, 0, 0, &unused, NULL, NULL, err)) return -1;
+    CUDA_TRY(sample_on_device(s->logits, s->V, s->V, B, smp->temperature, smp->top_k, smp->top_p, draws, next,
+                              stream));
+    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    return 0;
+}
+
+// Captures the decode step for batch B with these sampler settings (replacing an older capture).
+static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const Sampler *smp, Error *err) {
+    cudaStream_t stream = g->s.stream;
+    if (dg->exec) CUDA_TRY(cudaGraphExecDestroy(dg->exec));
+    dg->exec = NULL;
+    cudaGraph_t graph = NULL;
+    CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = enqueue_decode(g, B, pos, smp, 1, err);
+    cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (rc == 0 && end != cudaSuccess) rc = cuda_fail(err, end, "cudaStreamEndCapture", __FILE__, __LINE__);
+    if (rc == 0) {
+        cudaError_t inst = cudaGraphInstantiate(&dg->exec, graph, 0);
+        if (inst != cudaSuccess) rc = cuda_fail(err, inst, "cudaGraphInstantiate", __FILE__, __LINE__);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    *dg = (DecodeGraph){.exec = rc == 0 ? dg->exec : NULL, .temperature = smp->temperature, .top_p = smp->top_p,
+                        .top_k = smp->top_k};
+    return rc;
+}
+
+static int gpu_decode(Engine *e, const int *tokens, int B, int pos, const Sampler *smp, const float *u, int *next,
+                      Error *err) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    GpuState *s = &g->s;
+    if (!device_sampling_supported(smp->temperature, smp->top_k, s->V)) return 0;
+    if (check_step(s, tokens, B, 1, pos, err)) return -1;
+    int mb = s->max_batch;
+    g->io_host[0] = pos;
+    memcpy(g->io_host + 1, tokens, (size_t)B * sizeof(int));
+    memcpy(g->io_host + 1 + mb, u, (size_t)B * sizeof(float));
+    if (g->ops->device_position) {
+        DecodeGraph *dg = &g->graphs[B];
+        if (!dg->exec || dg->temperature != smp->temperature || dg->top_k != smp->top_k || dg->top_p != smp->top_p)
+            if (capture_decode(g, dg, B, pos, smp, err)) return -1;
+        CUDA_TRY(cudaGraphLaunch(dg->exec, s->stream));
+    } else if (enqueue_decode(g, B, pos, smp, 0, err)) {
+        return -1;
+    }
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    memcpy(next, g->io_host + 1 + 2 * mb, (size_t)B * sizeof(int));
+    return 1;
 }
 
 extern "C" int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err) {
@@ -321,6 +418,11 @@ static void gpu_engine_destroy(Engine *e) {
         if (g->s.stream) CUDA_WARN(cudaStreamSynchronize(g->s.stream));
         for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
         free(g->events);
+        for (int b = 0; g->graphs && b <= g->s.max_batch; b++)
+            if (g->graphs[b].exec) CUDA_WARN(cudaGraphExecDestroy(g->graphs[b].exec));
+        free(g->graphs);
+        if (g->io_host) CUDA_WARN(cudaFreeHost(g->io_host));
+        if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
         if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
@@ -368,6 +470,10 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     CUBLAS_TRY(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
 
     if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
+    size_t io_bytes = (1 + 3 * (size_t)s->max_batch) * sizeof(int);
+    CUDA_TRY(cudaHostAlloc((void **)&g->io_host, io_bytes, cudaHostAllocDefault));
+    if (gpu_alloc((void **)&g->io_dev, io_bytes, "the decode staging area", err)) return -1;
+    g->graphs = (DecodeGraph *)xcalloc((size_t)s->max_batch + 1, sizeof(DecodeGraph));
     CUDA_TRY(cudaStreamSynchronize(s->stream));
 
     cudaDeviceProp p;
@@ -383,6 +489,7 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     e->max_batch = s->max_batch;
     e->max_seq = s->max_seq;
     e->forward = gpu_forward;
+    e->decode = gpu_decode;
     e->free = gpu_engine_destroy;
     return 0;
 }

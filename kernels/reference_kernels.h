@@ -10,7 +10,7 @@
 
 // embedding.cu: x[b*T + t] = wte[tokens[b*T + t]] + wpe[pos + t], fp32 [M, C].
 cudaError_t embedding_forward(float *x, const int *tokens, const void *wte, const void *wpe, int M, int T,
-                              int pos, int C, DType dt, cudaStream_t stream);
+                              int pos, const int *pos_device, int C, DType dt, cudaStream_t stream);
 
 // layernorm.cu: out[r] = (x[r*in_stride + in_offset] - mean) * rstd * w + b for r < rows, eps 1e-5,
 // fp32 in, dtype out [rows, C]. in_stride/in_offset pick the rows (all, or each sequence's last).
