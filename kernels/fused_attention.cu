@@ -508,8 +508,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
 // ----------------------------------------------------------------------------
 // Prefill on fp32 FMAs
 
-template <int HSP, int BN> struct SimtSmem {
-    static constexpr int QS = kBM + 4;  // Qt row stride: float4-aligned, rows land on different banks
+// RM query rows per thread (16 RM per block): 4 for throughput, 2 when blocks are few (small B*T).
+template <int HSP, int BN, int RM> struct SimtSmem {
+    static constexpr int BM = 16 * RM;
+    static constexpr int QS = BM + 4;  // Qt row stride: RM-float aligned, rows land on different banks
     static constexpr int KS = BN + 4;
     static constexpr size_t floats = (size_t)HSP * QS + (size_t)HSP * KS + (size_t)BN * HSP + (size_t)BN * QS;
     static constexpr size_t bytes = floats * sizeof(float);
@@ -557,13 +559,28 @@ __device__ __forceinline__ void load_rowmajor(float *dst, const E *src, int src_
     }
 }
 
-template <typename E, int HSP, int BN>
+// RM consecutive floats (16 or 8 bytes) from / to shared memory.
+template <int RM> __device__ __forceinline__ void ld_rm(const float *p, float (&v)[RM]) {
+    if constexpr (RM == 4) {
+        const float4 a = *reinterpret_cast<const float4 *>(p);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    } else {
+        const float2 a = *reinterpret_cast<const float2 *>(p);
+        v[0] = a.x; v[1] = a.y;
+    }
+}
+template <int RM> __device__ __forceinline__ void st_rm(float *p, const float (&v)[RM]) {
+    if constexpr (RM == 4) *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
+}
+
+template <typename E, int HSP, int BN, int RM>
 __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restrict__ q, const E *__restrict__ kc,
                                                               const E *__restrict__ vc, E *__restrict__ out, int T,
                                                               int pos, int NH, int HS, int max_seq, float scale_log2,
                                                               int vec4) {
-    typedef SimtSmem<HSP, BN> Lay;
-    constexpr int QS = Lay::QS, KS = Lay::KS, NJ = BN / 32, ND = HSP / 32;
+    typedef SimtSmem<HSP, BN, RM> Lay;
+    constexpr int BM = Lay::BM, QS = Lay::QS, KS = Lay::KS, NJ = BN / 32, ND = HSP / 32;
     extern __shared__ __align__(16) unsigned char smem[];
     float *Qt = reinterpret_cast<float *>(smem);  // [HSP][QS]
     float *Kt = Qt + HSP * QS;                     // [HSP][KS]
@@ -571,7 +588,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
     float *Pt = Vs + BN * HSP;                     // [BN][QS]
 
     const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBM;  // the longest query tiles start first
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest query tiles start first
     const int h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS, L = pos + T;
     const size_t bh = (size_t)b * NH + h;
@@ -579,18 +596,18 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
     const E *kb = kc + bh * max_seq * HS;
     const E *vb = vc + bh * max_seq * HS;
 
-    load_transposed(Qt, QS, qb, C, kBM, min(kBM, T - q0), HS, HSP, vec4 != 0);
+    load_transposed(Qt, QS, qb, C, BM, min(BM, T - q0), HS, HSP, vec4 != 0);
 
-    float m[4], l[4], acc[4][ND * 4];
+    float m[RM], l[RM], acc[RM][ND * 4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < RM; i++) {
         m[i] = -INFINITY;
         l[i] = 0.f;
 #pragma unroll
         for (int d = 0; d < ND * 4; d++) acc[i][d] = 0.f;
     }
 
-    const int kmax = min(L, pos + q0 + kBM);
+    const int kmax = min(L, pos + q0 + BM);
     const int ntiles = (kmax + BN - 1) / BN;
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * BN, rows = min(BN, L - k0);
@@ -599,22 +616,22 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
         load_rowmajor(Vs, vb + (size_t)k0 * HS, HS, BN, rows, HS, HSP, vec4 != 0);
         __syncthreads();
 
-        // s[i][g*4+e]: query ty*4+i, key g*32 + tx*4 + e
-        float s[4][NJ * 4];
+        // s[i][g*4+e]: query ty*RM+i, key g*32 + tx*4 + e
+        float s[RM][NJ * 4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < NJ * 4; j++) s[i][j] = 0.f;
 #pragma unroll 8
         for (int d = 0; d < HSP; d++) {
-            const float4 a = *reinterpret_cast<const float4 *>(Qt + d * QS + ty * 4);
-            const float av[4] = {a.x, a.y, a.z, a.w};
+            float av[RM];
+            ld_rm<RM>(Qt + d * QS + ty * RM, av);
 #pragma unroll
             for (int g = 0; g < NJ; g++) {
                 const float4 k4 = *reinterpret_cast<const float4 *>(Kt + d * KS + g * 32 + tx * 4);
                 const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < RM; i++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[i][g * 4 + e] = fmaf(av[i], kv[e], s[i][g * 4 + e]);
             }
@@ -622,8 +639,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
 
         const bool need_mask = (k0 + BN - 1 > pos + q0) || (k0 + BN > L);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int qpos = pos + q0 + ty * 4 + i;
+        for (int i = 0; i < RM; i++) {
+            const int qpos = pos + q0 + ty * RM + i;
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NJ * 4; j++) {
@@ -652,20 +669,23 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
 #pragma unroll
         for (int j = 0; j < NJ * 4; j++) {
             const int key = (j >> 2) * 32 + tx * 4 + (j & 3);
-            *reinterpret_cast<float4 *>(Pt + key * QS + ty * 4) = make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+            float pj[RM];
+#pragma unroll
+            for (int i = 0; i < RM; i++) pj[i] = s[i][j];
+            st_rm<RM>(Pt + key * QS + ty * RM, pj);
         }
         __syncthreads();
 
 #pragma unroll 4
         for (int j = 0; j < BN; j++) {
-            const float4 p4 = *reinterpret_cast<const float4 *>(Pt + j * QS + ty * 4);
-            const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
+            float pv[RM];
+            ld_rm<RM>(Pt + j * QS + ty * RM, pv);
 #pragma unroll
             for (int k = 0; k < ND; k++) {
                 const float4 v4 = *reinterpret_cast<const float4 *>(Vs + j * HSP + k * 32 + tx * 4);
                 const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < RM; i++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[i][k * 4 + e] = fmaf(pv[i], vv[e], acc[i][k * 4 + e]);
             }
@@ -673,13 +693,13 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
     }
 
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < RM; i++) {
         float lt = l[i];
         lt += __shfl_xor_sync(0xffffffffu, lt, 1);
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         lt += __shfl_xor_sync(0xffffffffu, lt, 4);
         const float inv = 1.f / lt;
-        const int row = q0 + ty * 4 + i;
+        const int row = q0 + ty * RM + i;
         if (row >= T) continue;
         E *o = out + ((size_t)b * T + row) * C + h * HS;
 #pragma unroll
@@ -714,6 +734,13 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 2^x in one MUFU op (flush-to-zero, ~2 ulp): the bf16 path rounds P to 8 bits anyway, where
+// exp2f's denormal handling costs four more instructions per score.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -757,12 +784,13 @@ __device__ __forceinline__ void load_tile64(bf16 *dst, const bf16 *src, int src_
     }
 }
 
-template <int HSP>
-__global__ void __launch_bounds__(kMmaThreads) attn_prefill_mma(const bf16 *__restrict__ q,
-                                                                const bf16 *__restrict__ kc,
-                                                                const bf16 *__restrict__ vc, bf16 *__restrict__ out,
-                                                                int T, int pos, int NH, int HS, int max_seq,
-                                                                float scale_log2) {
+// MINB: blocks per multiprocessor the registers are capped for. 1 (~160 registers, no spill) runs
+// each block fastest: B=1, T=1024 in 19.5 us against 26.6 us with 2; 2 (128 registers, a few
+// spilled) keeps two blocks per SM, the better when blocks queue up (B=8: 96.7 against 102.7 us).
+template <int HSP, int MINB>
+__global__ void __launch_bounds__(kMmaThreads, MINB)
+    attn_prefill_mma(const bf16 *__restrict__ q, const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
+                     bf16 *__restrict__ out, int T, int pos, int NH, int HS, int max_seq, float scale_log2) {
     typedef MmaSmem<HSP> Lay;
     constexpr int BN = 64, ST = Lay::ST, NK = HSP / 16, NO = HSP / 8, STAGES = Lay::STAGES;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -862,16 +890,16 @@ __global__ void __launch_bounds__(kMmaThreads) attn_prefill_mma(const bf16 *__re
         // out of the exponents.
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        const float al0 = fast_exp2(m0 - mu0), al1 = fast_exp2(m1 - mu1);
         m0 = mn0;
         m1 = mn1;
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
-            s[n][0] = exp2f(s[n][0] - mu0);
-            s[n][1] = exp2f(s[n][1] - mu0);
-            s[n][2] = exp2f(s[n][2] - mu1);
-            s[n][3] = exp2f(s[n][3] - mu1);
+            s[n][0] = fast_exp2(s[n][0] - mu0);
+            s[n][1] = fast_exp2(s[n][1] - mu0);
+            s[n][2] = fast_exp2(s[n][2] - mu1);
+            s[n][3] = fast_exp2(s[n][3] - mu1);
             rs0 += s[n][0] + s[n][1];
             rs1 += s[n][2] + s[n][3];
         }
@@ -921,7 +949,7 @@ __global__ void __launch_bounds__(kMmaThreads) attn_prefill_mma(const bf16 *__re
     {
         const float n0 = xch[0 * 128 + gtid], n1 = xch[1 * 128 + gtid];
         const float M0 = fmaxf(m0, n0), M1 = fmaxf(m1, n1);  // finite: group 0 holds key 0
-        const float fa0 = exp2f(m0 - M0), fb0 = exp2f(n0 - M0), fa1 = exp2f(m1 - M1), fb1 = exp2f(n1 - M1);
+        const float fa0 = fast_exp2(m0 - M0), fb0 = fast_exp2(n0 - M0), fa1 = fast_exp2(m1 - M1), fb1 = fast_exp2(n1 - M1);
         l0 = l0 * fa0 + xch[2 * 128 + gtid] * fb0;
         l1 = l1 * fa1 + xch[3 * 128 + gtid] * fb1;
 #pragma unroll
@@ -1080,18 +1108,31 @@ cudaError_t launch_decode(const E *q, const E *kc, const E *vc, E *out, int B, i
     return launch_decode_tq<E, kDecodeTQ>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, ws, ws_bytes, stream);
 }
 
-template <typename E, int HSP, int BN>
-cudaError_t launch_simt(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
-                        int max_seq, cudaStream_t stream) {
-    auto kern = attn_prefill_simt<E, HSP, BN>;
-    const size_t smem = SimtSmem<HSP, BN>::bytes;
-    cudaError_t e = allow_smem(kern, smem);
+template <typename E, int HSP, int BN, int RM>
+cudaError_t launch_simt_rm(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
+                           int max_seq, cudaStream_t stream) {
+    auto kern = attn_prefill_simt<E, HSP, BN, RM>;
+    typedef SimtSmem<HSP, BN, RM> Lay;
+    cudaError_t e = allow_smem(kern, Lay::bytes);
     if (e != cudaSuccess) return e;
     const bool vec4 = HS % 4 == 0 && aligned16(q) && aligned16(kc) && aligned16(vc);
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
-    dim3 grid((T + kBM - 1) / kBM, NH, B);
-    kern<<<grid, kThreads, smem, stream>>>(q, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2, vec4);
+    dim3 grid((T + Lay::BM - 1) / Lay::BM, NH, B);
+    kern<<<grid, kThreads, Lay::bytes, stream>>>(q, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2, vec4);
     return cudaGetLastError();
+}
+
+// 64-query blocks when they are enough to fill the GPU twice over, else 32-query blocks (twice the
+// blocks). Predicted for B = 1, T = 1024: 153 -> ~80 us; measured: 153 us, unchanged. The longest
+// block's chain is per key tile (loads, three barriers, the 64-key P.V loop), not per query row;
+// splitting its keys (as the tensor-core kernel does) is what would shorten it.
+template <typename E, int HSP, int BN>
+cudaError_t launch_simt(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
+                        int max_seq, cudaStream_t stream) {
+    const long long blocks64 = (long long)((T + 63) / 64) * NH * B;
+    if (blocks64 >= 2LL * sm_count())
+        return launch_simt_rm<E, HSP, BN, 4>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    return launch_simt_rm<E, HSP, BN, 2>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
 template <typename E>
@@ -1103,10 +1144,10 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
     return launch_simt<E, 128, 32>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
-template <int HSP>
-cudaError_t launch_mma(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
-                       int HS, int max_seq, cudaStream_t stream) {
-    auto kern = attn_prefill_mma<HSP>;
+template <int HSP, int MINB>
+cudaError_t launch_mma_minb(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
+                            int HS, int max_seq, cudaStream_t stream) {
+    auto kern = attn_prefill_mma<HSP, MINB>;
     const size_t smem = MmaSmem<HSP>::bytes;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
@@ -1114,6 +1155,18 @@ cudaError_t launch_mma(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out,
     dim3 grid((T + kBM - 1) / kBM, NH, B);
     kern<<<grid, kMmaThreads, smem, stream>>>(q, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2);
     return cudaGetLastError();
+}
+
+// Two blocks per SM (HS <= 64) once there are more blocks than fit one per SM twice over.
+template <int HSP>
+cudaError_t launch_mma(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
+                       int HS, int max_seq, cudaStream_t stream) {
+    const long long blocks = (long long)((T + kBM - 1) / kBM) * NH * B;
+    if constexpr (HSP <= 64) {
+        if (blocks > 2LL * sm_count())
+            return launch_mma_minb<HSP, 2>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    }
+    return launch_mma_minb<HSP, 1>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
 }  // namespace

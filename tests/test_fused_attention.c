@@ -191,6 +191,8 @@ int main(void) {
         {1, 200, 500, 25, 96, 777, 1, 1},    // HS=96, NH=25
         {2, 5, 1000, 2, 128, 1100, 1, 1},    // T=5 (smallest prefill), HS=128, long prefix
         {2, 67, 3, 5, 20, 90, 1, 1},         // HS=20: element-wise loads
+        {8, 130, 10, 25, 64, 150, 1, 1},     // many blocks: the fp32 kernel's 64-query tiles
+        {8, 130, 0, 30, 20, 140, 1, 1},      // the same for the element-wise (odd HS) path
         {1, 1, 2000, 2, 20, 2048, 1, 1},     // decode HS=20, many splits
         {2, 100, 20, 2, 64, 130, 30, 1},     // large scores, prefill
         {4, 1, 500, 12, 64, 512, 30, 1},     // large scores, decode
