@@ -1,24 +1,29 @@
 // Fused causal attention over the KV cache (issue 5): see fused_attention.h for the contract.
 //
-// Three kernels:
-//   attn_prefill_mma   bf16, HS % 8 == 0. Flash-attention 2 on tensor cores: 4 warps x 16 queries,
-//                      keys in tiles of 64 double-buffered through cp.async; S = Q K^T and O += P V
-//                      with mma.sync m16n8k16 (fp32 accumulators). The S accumulators are re-packed
-//                      in registers as the A operand of P V (their layouts coincide), so P never
-//                      touches shared memory. Online softmax in exp2 with the scale folded in.
-//   attn_prefill_simt  fp32 (and bf16 with odd HS): the same tiling on fp32 FMAs. 128 threads hold
-//                      a 4 x 8 (or 4 x 4) score micro-tile each; Q and K sit transposed in shared
-//                      memory so every inner-loop read is a conflict-free float4.
-//   attn_decode        T <= 4 (generation): flash-decoding. The grid is (splits, NH, B); each block
-//                      streams its chunk of one head's cache in 64-key tiles (16-byte cp.async,
-//                      double-buffered, 8 lanes per key for q.k, key groups for p.v) and writes its
-//                      partial (max, sum, acc) to the workspace, or the output directly when
-//                      unsplit. The last block of a head to finish (a counter per head) merges:
-//                      out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. No second launch.
-// Causal tiles are never loaded: a query tile starting at q0 reads keys < pos + q0 + 64 only.
-// Every softmax starts from key 0, which every query sees, so running maxima are finite after the
-// first tile and no -inf - -inf arises in the prefill kernels; decode chunks can be fully masked
-// for some query (chunk past pos + t), handled explicitly.
+// Four kernels:
+//   attn_prefill_mma   bf16, HS % 8 == 0 (T > 4). Flash-attention 2 on tensor cores: 64 queries
+//                      per block, 16 per warp; two groups of 4 warps take alternate 64-key tiles
+//                      (each group double-buffers its tiles through cp.async and syncs on its own
+//                      named barrier) and merge their (max, sum, acc) at the end, which halves the
+//                      longest block's chain. S = Q K^T and O += P V with mma.sync m16n8k16 (fp32
+//                      accumulators); the S accumulators are re-packed in registers as the A operand
+//                      of P V (the layouts coincide), so P never touches shared memory. Online
+//                      softmax in exp2 with the scale folded in.
+//   attn_prefill_simt  fp32 (and bf16 with HS % 8 != 0), T > 4: the same tiling on fp32 FMAs.
+//                      128 threads hold a 4 (or 2) x 8 score micro-tile each; Q and K sit
+//                      transposed in shared memory so every inner-loop read is conflict-free.
+//   attn_decode1       T = 1 (generation), flash-decoding: the grid is (splits, NH, B), each block
+//                      a chunk of one head's cache. No shared-memory staging: 16 quarter-warp
+//                      streams per block read K and V rows straight into registers, each with its
+//                      own online softmax; they merge once at the end.
+//   attn_decode        T = 2..4 (and T = 1 with unaligned rows): the same split, 64-key tiles
+//                      staged in shared memory (16-byte cp.async, double-buffered).
+// A split block writes its partial (max, sum, acc) to the workspace; the last block of a head to
+// finish (a counter per head) merges: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+// No second launch. Causal tiles are never loaded: a query tile starting at q0 reads keys
+// < pos + q0 + 64 only. Every query sees key 0, so a softmax that has seen tile 0 has a finite
+// maximum; where a stream may start on keys a query cannot see (a decode chunk past pos + t, the
+// second warp group of a prefill block), -inf maxima are kept out of the exponents explicitly.
 #include "fused_attention.h"
 
 #include <cuda_bf16.h>
@@ -922,7 +927,8 @@ __global__ void __launch_bounds__(kMmaThreads, MINB)
 #pragma unroll
             for (int nd = 0; nd < HSP / 16; nd++) {
                 uint32_t vf[4];
-                ldsm_x4_trans(vf, Vb + (kc2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + nd * 16 + (lane >> 4) * 8);
+                const int vrow = kc2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                ldsm_x4_trans(vf, Vb + vrow * ST + nd * 16 + (lane >> 4) * 8);
                 mma_bf16(o[2 * nd], a, vf[0], vf[1]);
                 mma_bf16(o[2 * nd + 1], a, vf[2], vf[3]);
             }
@@ -949,7 +955,8 @@ __global__ void __launch_bounds__(kMmaThreads, MINB)
     {
         const float n0 = xch[0 * 128 + gtid], n1 = xch[1 * 128 + gtid];
         const float M0 = fmaxf(m0, n0), M1 = fmaxf(m1, n1);  // finite: group 0 holds key 0
-        const float fa0 = fast_exp2(m0 - M0), fb0 = fast_exp2(n0 - M0), fa1 = fast_exp2(m1 - M1), fb1 = fast_exp2(n1 - M1);
+        const float fa0 = fast_exp2(m0 - M0), fb0 = fast_exp2(n0 - M0);
+        const float fa1 = fast_exp2(m1 - M1), fb1 = fast_exp2(n1 - M1);
         l0 = l0 * fa0 + xch[2 * 128 + gtid] * fb0;
         l1 = l1 * fa1 + xch[3 * 128 + gtid] * fb1;
 #pragma unroll
@@ -1005,18 +1012,23 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // Resident blocks per multiprocessor of a decode kernel (cached per kernel and shared memory).
 template <typename K> int blocks_per_sm(K kernel, size_t smem) {
-    static size_t cached_smem = ~(size_t)0;
-    static int cached = 0;
-    if (cached_smem != smem || cached <= 0) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess || n <= 0) {
-            cudaGetLastError();
-            n = 4;
-        }
-        cached = n;
-        cached_smem = smem;
+    struct Entry {
+        const void *fn;
+        size_t smem;
+        int n;
+    };
+    static Entry cache[16];
+    static int ncache = 0;
+    const void *fn = reinterpret_cast<const void *>(kernel);
+    for (int i = 0; i < ncache; i++)
+        if (cache[i].fn == fn && cache[i].smem == smem) return cache[i].n;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        return 4;
     }
-    return cached;
+    if (ncache < 16) cache[ncache++] = Entry{fn, smem, n};
+    return n;
 }
 
 // The split counters of a workspace must start at zero; kernels leave them so. Zero them on the
@@ -1205,7 +1217,8 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
         const float *qq = static_cast<const float *>(q), *kk = static_cast<const float *>(k_cache),
                     *vv = static_cast<const float *>(v_cache);
         float *oo = static_cast<float *>(out);
-        if (T <= kDecodeTQ) e = launch_decode(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, workspace, workspace_bytes, stream);
+        if (T <= kDecodeTQ)
+            e = launch_decode(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, workspace, workspace_bytes, stream);
         else e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
     }
     return (int)e;

@@ -226,10 +226,11 @@ static void bench_case(cublasHandle_t h, cudaStream_t st, DType dt, int B, int T
     pairs *= nb;
     double flops = 4.0 * HS * pairs;
     double bytes = (2.0 * nq + 2.0 * nb * L * HS) * es;
-    printf("%-7s %-4s B=%-3d T=%-5d L=%-5d  fused %9.2f us  unfused %9.2f us  x%5.2f  | fused %7.1f GB/s (%3.0f%% of copy) "
-           "%6.1f TFLOP/s | rel_l2 %.2e %s\n",
-           T > 1 ? "prefill" : "decode", dtype_name(dt), B, T, L, tf * 1e3, tb * 1e3, tb / tf, bytes / (tf * 1e-3) / 1e9,
-           100.0 * bytes / (tf * 1e-3) / 1e9 / bw, flops / (tf * 1e-3) / 1e12, err, verdict);
+    const double gbs = bytes / (tf * 1e-3) / 1e9;
+    printf("%-7s %-4s B=%-3d T=%-5d L=%-5d  fused %9.2f us  unfused %9.2f us  x%5.2f  | "
+           "fused %7.1f GB/s (%3.0f%% of copy) %6.1f TFLOP/s | rel_l2 %.2e %s\n",
+           T > 1 ? "prefill" : "decode", dtype_name(dt), B, T, L, tf * 1e3, tb * 1e3, tb / tf, gbs,
+           100.0 * gbs / bw, flops / (tf * 1e-3) / 1e12, err, verdict);
     fflush(stdout);
 
     for (int i = 0; i < 4; i++) CK(cudaFree((void *)*dsts[i]));

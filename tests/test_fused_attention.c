@@ -153,9 +153,10 @@ done:
 }
 
 static void check_bad_args(void) {
-    int rc1 = fused_attention((void *)16, (void *)16, (void *)16, (void *)16, DTYPE_F32, 1, 4, 10, 2, 64, 12, NULL, 0, 0);
-    int rc2 = fused_attention((void *)16, (void *)16, (void *)16, (void *)16, DTYPE_F32, 1, 1, 0, 2, 129, 12, NULL, 0, 0);
-    int rc3 = fused_attention((void *)16, (void *)16, (void *)16, (void *)16, DTYPE_BF16, 1, 0, 0, 2, 64, 12, NULL, 0, 0);
+    void *p = (void *)16;  // never dereferenced: the shape is refused first, or T = 0 does nothing
+    int rc1 = fused_attention(p, p, p, p, DTYPE_F32, 1, 4, 10, 2, 64, 12, NULL, 0, 0);
+    int rc2 = fused_attention(p, p, p, p, DTYPE_F32, 1, 1, 0, 2, 129, 12, NULL, 0, 0);
+    int rc3 = fused_attention(p, p, p, p, DTYPE_BF16, 1, 0, 0, 2, 64, 12, NULL, 0, 0);
     CHECK(rc1 == cudaErrorInvalidValue && rc2 == cudaErrorInvalidValue && rc3 == 0, "fused_attention bad arguments",
           "pos+T > max_seq -> %d, HS=129 -> %d, T=0 -> %d", rc1, rc2, rc3);
 }
