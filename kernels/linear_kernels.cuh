@@ -432,8 +432,8 @@ struct LnRows {
     float c[NQ], s1[NQ], s2[NQ];
 
     // raw: the [BM][BK] fp32 tile at column k0; g: gamma [BK]. put(r, kq, t[4]) stores the operand.
-    // On the first tile the shift c is the mean of the row's first min(K, BK) values, summed as 4
-    // in-thread then a butterfly over the QPR lanes of the row (tests/test_fused_linear.c repeats
+    // On the first tile the shift c is the mean of the row's first min(K, 32) values, summed as 4
+    // in-thread then a butterfly over the 8 lanes holding them (tests/test_fused_linear.c repeats
     // this order exactly to emulate the bf16 rounding).
     template <typename Put>
     __device__ __forceinline__ void process(const float *raw, const float *g, int K, int k0, bool first, int tid,
@@ -446,11 +446,11 @@ struct LnRows {
             const int q = tid + i * THREADS, r = q / QPR;
             const bool valid = (BM * QPR) % THREADS == 0 || q < BM * QPR;
             float4 v = valid ? *reinterpret_cast<const float4 *>(raw + r * BK + kq) : make_float4(0.f, 0.f, 0.f, 0.f);
-            if (first) {
-                float sum = ((v.x + v.y) + v.z) + v.w;  // zero past K
+            if (first) {  // quads past column 32 add exact zeros, so BK = 64 sums as BK = 32 does
+                float sum = kq < 32 ? ((v.x + v.y) + v.z) + v.w : 0.0f;  // zero past K
 #pragma unroll
                 for (int o = 1; o < QPR; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-                c[i] = sum / (float)min(K, BK);
+                c[i] = sum / (float)min(K, 32);
                 s1[i] = s2[i] = 0.0f;
             }
             float t[4] = {v.x, v.y, v.z, v.w};
@@ -504,20 +504,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-constexpr int TC_BK = 32;
-constexpr int TC_LDS = TC_BK + 8;  // bf16 per operand row: 80 bytes, ldmatrix rows hit distinct banks
-constexpr int TC_STAGES = 4;
 
-// Shared memory: Bs[STAGES][BN][LDS] bf16, then with LN: Araw[STAGES][BM][BK] fp32,
-// Graw[STAGES][BK] fp32, As[BM][LDS] bf16, row_dmean/rstd[BM]; without: As[STAGES][BM][LDS] bf16.
-template <int BM, int BN, bool LN>
+// Shared memory: Bs[S][BN][LDS] bf16, then with LN: Araw[S][BM][BK] fp32, Graw[S][BK] fp32,
+// As[BM][LDS] bf16, row_dmean/rstd[BM]; without: As[S][BM][LDS] bf16. LDS = BK + 8 bf16 per
+// operand row (a multiple of 16 bytes that is not of 128: ldmatrix rows hit distinct banks).
+template <int BM, int BN, int BK, int S, bool LN>
 constexpr int tc_smem_bytes() {
-    return TC_STAGES * BN * TC_LDS * 2 +
-           (LN ? TC_STAGES * BM * TC_BK * 4 + TC_STAGES * TC_BK * 4 + BM * TC_LDS * 2 + 2 * BM * 4
-               : TC_STAGES * BM * TC_LDS * 2);
+    return S * BN * (BK + 8) * 2 +
+           (LN ? S * BM * BK * 4 + S * BK * 4 + BM * (BK + 8) * 2 + 2 * BM * 4 : S * BM * (BK + 8) * 2);
 }
 
-template <int BM, int BN, int WARPS_M, int WARPS_N, bool LN>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int S, bool LN>
 __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
           int M, int N, int K, Epilogue e) {
@@ -525,7 +522,7 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MI = WTM / 16, NI = WTN / 8;
     static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
-    constexpr int S = TC_STAGES;
+    constexpr int TC_BK = BK, TC_LDS = BK + 8;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *Bs = reinterpret_cast<bf16 *>(smem_raw);
@@ -637,12 +634,12 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 }
 
 // ----------------------------------------------------------------------------
-// fp32 SIMT kernel: BM x BN tile, TM x TN per thread, BK = 16, STAGES raw tiles by cp.async;
+// fp32 SIMT kernel: BM x BN tile, TM x TN per thread, BK = 32, 3 stages of raw tiles by cp.async;
 // each K step transposes its tiles into k-major operands (LayerNorm applied to x on the way), so
 // each thread reads its TM and TN values as float4s.
 
-constexpr int SIMT_BK = 16;
-constexpr int SIMT_STAGES = 4;
+constexpr int SIMT_BK = 32;
+constexpr int SIMT_STAGES = 3;
 
 template <int BM, int BN, int TM, int TN>
 constexpr int simt_threads() { return (BM / TM) * (BN / TN); }
@@ -798,16 +795,17 @@ inline int device_info(DeviceInfo *out) {
     return 0;
 }
 
-// Raises a kernel's dynamic shared memory limit to `bytes` once per device (above 48 KB only).
+// Raises a kernel's dynamic shared memory limit to `bytes` (above 48 KB only). `done` is the
+// caller's per-kernel record of what each device already allows.
 template <typename F>
-inline cudaError_t allow_smem(F *kernel, int bytes) {
-    static int done_bytes[16];
-    int dev = 0;
-    cudaGetDevice(&dev);
+inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
     if (bytes <= 48 * 1024) return cudaSuccess;
-    if (dev < 16 && done_bytes[dev] >= bytes) return cudaSuccess;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err == cudaSuccess && dev < 16) done_bytes[dev] = bytes;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev < 16 && done[dev] >= bytes) return cudaSuccess;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && dev < 16) done[dev] = bytes;
     return err;
 }
 
@@ -839,7 +837,8 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
     const int KP = (K + CH - 1) / CH * CH;
     const int smem = (MT * KP * (int)sizeof(XT)) + (LN ? KP * 4 : 0);
     auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
-    cudaError_t err = allow_smem(kern, smem);
+    static int done[16];
+    cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
     const int ngroups = (N + NPW - 1) / NPW;
     const int grid = ngroups < d.sms ? ngroups : d.sms;
@@ -869,12 +868,14 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     }
 }
 
-template <int BM, int BN, int WM, int WN, bool LN>
+template <int BM, int BN, int WM, int WN, int BK, int S, bool LN>
 inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
-                             const Epilogue &e, cudaStream_t stream) {
-    constexpr int smem = tc_smem_bytes<BM, BN, LN>();
-    auto kern = tc_kernel<BM, BN, WM, WN, LN>;
-    cudaError_t err = allow_smem(kern, smem);
+                             const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
+    constexpr int smem = tc_smem_bytes<BM, BN, BK, S, LN>();
+    if (smem > d.smem_optin) return cudaErrorInvalidValue;
+    auto kern = tc_kernel<BM, BN, WM, WN, BK, S, LN>;
+    static int done[16];  // per instantiation and device
+    cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
     dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
     if (grid.y > 65535) return cudaErrorInvalidValue;
@@ -884,10 +885,12 @@ inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, c
 
 template <int BM, int BN, int TM, int TN, bool LN>
 inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma, const float *W, int M, int N, int K,
-                               const Epilogue &e, cudaStream_t stream) {
+                               const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int smem = simt_smem_bytes<BM, BN>();
+    if (smem > d.smem_optin) return cudaErrorInvalidValue;
     auto kern = simt_kernel<BM, BN, TM, TN, LN>;
-    cudaError_t err = allow_smem(kern, smem);
+    static int done[16];
+    cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
     dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
     if (grid.y > 65535) return cudaErrorInvalidValue;
@@ -914,17 +917,17 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     if (w_bf16) {
         const bf16 *Wb = (const bf16 *)W;
         switch (path) {
-        case PATH_TILED_XS: return launch_tc<32, 32, 2, 2, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
-        case PATH_TILED_S: return launch_tc<64, 64, 2, 2, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
-        case PATH_TILED_L: return launch_tc<128, 128, 2, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, stream);
+        case PATH_TILED_XS: return launch_tc<32, 32, 2, 2, 64, 6, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
+        case PATH_TILED_S: return launch_tc<64, 64, 2, 2, 64, 3, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
+        case PATH_TILED_L: return launch_tc<128, 128, 2, 4, 32, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
         default: return cudaErrorInvalidValue;
         }
     }
     const float *xf = (const float *)x, *Wf = (const float *)W;
     switch (path) {
-    case PATH_TILED_XS: return launch_simt<32, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, stream);
-    case PATH_TILED_S: return launch_simt<64, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, stream);
-    case PATH_TILED_L: return launch_simt<128, 128, 8, 8, LN>(xf, ldx, gamma, Wf, M, N, K, e, stream);
+    case PATH_TILED_XS: return launch_simt<32, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
+    case PATH_TILED_S: return launch_simt<64, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
+    case PATH_TILED_L: return launch_simt<128, 128, 8, 8, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
     default: return cudaErrorInvalidValue;
     }
 }

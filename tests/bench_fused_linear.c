@@ -1,5 +1,5 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
-//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick]
+//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --one K N dtype M]
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -397,6 +397,10 @@ int main(int argc, char **argv) {
     printf("# times in us: graph = median of 21 replays of 20 calls / 20; eager = median of 30 single calls\n");
     FILE *csv = getenv("BENCH_CSV") ? fopen(getenv("BENCH_CSV"), "w") : NULL;
 
+    if (argc == 6 && !strcmp(argv[1], "--one")) {  // --one K N fp32|bf16 M: one shape (for ncu)
+        bench_ln(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]), NULL);
+        return 0;
+    }
     const int Ms[] = {1, 16, 64, 512, 4096};
     const int shapes[][2] = {{768, 3072}, {1024, 4096}};
     for (int si = 0; si < 2; si++)
