@@ -363,7 +363,7 @@ int bench_attention(Ctx &c, DType dt, int B, int T, int L, BenchKernelRow *r, Er
     const float scale = 1.0f / sqrtf((float)HS);
     const long long cache_stride = (long long)max_seq * HS;
     auto fused = [&](int) -> int {
-        CUDA_TRY((cudaError_t)fused_attention(q_rows, k, v, out_f, dt, B, T, pos, NH, HS, max_seq, ws, ws_bytes, c.st));
+        CUDA_TRY((cudaError_t)fused_attention(q_rows, k, v, out_f, dt, B, T, pos, NULL, NH, HS, max_seq, ws, ws_bytes, c.st));
         return 0;
     };
     auto unfused = [&](int) -> int {  // ops_reference.cu's ref_attention, step for step

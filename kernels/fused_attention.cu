@@ -168,8 +168,9 @@ template <typename E, int QIT>
 __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q, const E *__restrict__ kc,
                                                          const E *__restrict__ vc, E *__restrict__ out,
                                                          unsigned *__restrict__ counters, float *__restrict__ part,
-                                                         int pos, int NH, int HS, int max_seq, int chunk, int splits,
-                                                         float scale_log2) {
+                                                         int pos, const int *__restrict__ pos_device, int NH, int HS,
+                                                         int max_seq, int chunk, int splits, float scale_log2) {
+    if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
     constexpr int VW = 16 / sizeof(E);
     constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
     constexpr int NS = 16;                     // streams per block
@@ -329,8 +330,10 @@ template <typename E, int TQ>
 __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q, const E *__restrict__ kc,
                                                         const E *__restrict__ vc, E *__restrict__ out,
                                                         unsigned *__restrict__ counters, float *__restrict__ part,
-                                                        int T, int pos, int NH, int HS, int max_seq, int chunk,
-                                                        int splits, float scale_log2, int vec) {
+                                                        int T, int pos, const int *__restrict__ pos_device, int NH,
+                                                        int HS, int max_seq, int chunk, int splits, float scale_log2,
+                                                        int vec) {
+    if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
     constexpr int VW = 16 / sizeof(E);
     constexpr int KT = kDecodeKT;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -1071,8 +1074,8 @@ Split choose_split(long long bh, int T, int L, int HS, int blocks_per_sm_, const
 }
 
 template <typename E, int TQ>
-cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
-                             int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
+cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, const int *pos_device,
+                             int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     auto kern = attn_decode<E, TQ>;
     const DecodeSmem lay = decode_smem(HS, sizeof(E));
     cudaError_t e = allow_smem(kern, lay.total);
@@ -1085,13 +1088,13 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
     kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, lay.total, stream>>>(
-        q, kc, vc, out, counters, part, T, pos, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2, vec);
+        q, kc, vc, out, counters, part, T, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2, vec);
     return cudaGetLastError();
 }
 
 template <typename E, int QIT>
-cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, int pos, int NH, int HS, int max_seq,
-                           void *ws, size_t ws_bytes, cudaStream_t stream) {
+cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, int pos, const int *pos_device, int NH,
+                           int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     auto kern = attn_decode1<E, QIT>;
     const long long bh = (long long)B * NH;
     const Split sp = choose_split(bh, 1, pos + 1, HS, blocks_per_sm(kern, 0), ws, ws_bytes);
@@ -1100,24 +1103,26 @@ cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, 
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
-    kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, 0, stream>>>(q, kc, vc, out, counters, part, pos, NH, HS,
-                                                                    max_seq, sp.chunk, sp.splits, scale_log2);
+    kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, 0, stream>>>(q, kc, vc, out, counters, part, pos, pos_device,
+                                                                    NH, HS, max_seq, sp.chunk, sp.splits, scale_log2);
     return cudaGetLastError();
 }
 
 template <typename E>
-cudaError_t launch_decode(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, int NH, int HS,
-                          int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
+cudaError_t launch_decode(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, const int *pos_device,
+                          int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     constexpr int VW = 16 / sizeof(E);
     if (T == 1 && HS % VW == 0 && aligned16(q) && aligned16(kc) && aligned16(vc)) {
         const int nv = HS / VW;  // 16-byte chunks per row: 8 lanes take 1, 2 or 4 each
-        if (nv <= 8) return launch_decode1<E, 1>(q, kc, vc, out, B, pos, NH, HS, max_seq, ws, ws_bytes, stream);
-        if (nv <= 16) return launch_decode1<E, 2>(q, kc, vc, out, B, pos, NH, HS, max_seq, ws, ws_bytes, stream);
+        if (nv <= 8) return launch_decode1<E, 1>(q, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+        if (nv <= 16) return launch_decode1<E, 2>(q, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
         if constexpr (sizeof(E) == 4)  // bf16 rows of 128 hold 16 chunks at most
-            return launch_decode1<E, 4>(q, kc, vc, out, B, pos, NH, HS, max_seq, ws, ws_bytes, stream);
+            return launch_decode1<E, 4>(q, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
     }
-    if (T == 1) return launch_decode_tq<E, 1>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, ws, ws_bytes, stream);
-    return launch_decode_tq<E, kDecodeTQ>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, ws, ws_bytes, stream);
+    if (T == 1)
+        return launch_decode_tq<E, 1>(q, kc, vc, out, B, T, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+    return launch_decode_tq<E, kDecodeTQ>(q, kc, vc, out, B, T, pos, pos_device, NH, HS, max_seq, ws, ws_bytes,
+                                          stream);
 }
 
 template <typename E, int HSP, int BN, int RM>
@@ -1190,11 +1195,11 @@ extern "C" size_t fused_attention_workspace_size(int B, int num_heads, int head_
 }
 
 extern "C" int fused_attention(const void *q, const void *k_cache, const void *v_cache, void *out, DType dtype, int B,
-                               int T, int pos, int num_heads, int head_size, int max_seq, void *workspace,
-                               size_t workspace_bytes, cudaStream_t stream) {
+                               int T, int pos, const int *pos_device, int num_heads, int head_size, int max_seq,
+                               void *workspace, size_t workspace_bytes, cudaStream_t stream) {
     const int NH = num_heads, HS = head_size;
     if (B < 0 || T < 0 || pos < 0 || NH <= 0 || HS <= 0 || HS > 128 || max_seq <= 0 || pos + T > max_seq ||
-        (dtype != DTYPE_F32 && dtype != DTYPE_BF16) || B > 65535 || NH > 65535)
+        (dtype != DTYPE_F32 && dtype != DTYPE_BF16) || B > 65535 || NH > 65535 || (pos_device && T > kDecodeTQ))
         return (int)cudaErrorInvalidValue;
     if (B == 0 || T == 0) return (int)cudaSuccess;
     if (!q || !k_cache || !v_cache || !out) return (int)cudaErrorInvalidValue;
@@ -1204,7 +1209,8 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
                    *vv = static_cast<const bf16 *>(v_cache);
         bf16 *oo = static_cast<bf16 *>(out);
         if (T <= kDecodeTQ) {
-            e = launch_decode(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, workspace, workspace_bytes, stream);
+            e = launch_decode(qq, kk, vv, oo, B, T, pos, pos_device, NH, HS, max_seq, workspace, workspace_bytes,
+                              stream);
         } else if (HS % 8 == 0 && aligned16(q) && aligned16(k_cache) && aligned16(v_cache)) {
             if (HS <= 32) e = launch_mma<32>(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
             else if (HS <= 64) e = launch_mma<64>(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
@@ -1218,7 +1224,8 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
                     *vv = static_cast<const float *>(v_cache);
         float *oo = static_cast<float *>(out);
         if (T <= kDecodeTQ)
-            e = launch_decode(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, workspace, workspace_bytes, stream);
+            e = launch_decode(qq, kk, vv, oo, B, T, pos, pos_device, NH, HS, max_seq, workspace, workspace_bytes,
+                              stream);
         else e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
     }
     return (int)e;

@@ -46,9 +46,12 @@ size_t fused_attention_workspace_size(int B, int num_heads, int head_size, int m
 // allowed and still correct, but then each (b, h) of a decode step runs in one block (slower for
 // small B). The workspace is only touched by this call's kernels on `stream`.
 // All pointers device memory, 16-byte aligned for the fast paths (cudaMalloc'd buffers are).
+// pos_device (decode, T <= 4, else cudaErrorInvalidValue): when not NULL the kernels read the
+// position from this device int as they run, so one captured CUDA graph serves every step; `pos`
+// is then the largest position it will hold (max_seq - T), which lays out the cache split.
 int fused_attention(const void *q, const void *k_cache, const void *v_cache, void *out, DType dtype, int B, int T,
-                    int pos, int num_heads, int head_size, int max_seq, void *workspace, size_t workspace_bytes,
-                    cudaStream_t stream);
+                    int pos, const int *pos_device, int num_heads, int head_size, int max_seq, void *workspace,
+                    size_t workspace_bytes, cudaStream_t stream);
 
 // The unfused baseline's middle step, for tests/bench_fused_attention.c only (its cuBLAS products
 // around it live in the bench): probs[r][j] = softmax_j(scale * scores[r][j]) over j <= pos + r % T,

@@ -77,6 +77,7 @@ static int ref_logits(GpuState *s, const GpuStep *st, int all_positions, Error *
 const BlockOps reference_ops = {
     .name = "gpu-reference",
     .unfused_buffers = 1,
+    .device_position = 0,  // cuBLAS calls sized by the position: no graph replay
     .workspace_bytes = NULL,
     .attn_in = ref_attn_in,
     .attention = ref_attention,

@@ -76,7 +76,7 @@ static void fill(void *d, size_t n, DType dt) {
 }
 
 static void run_fused(Case *c) {
-    CK(fused_attention(c->q, c->k, c->v, c->out, c->dt, c->B, c->T, c->pos, NH, HS, MAXSEQ, c->ws, c->ws_bytes,
+    CK(fused_attention(c->q, c->k, c->v, c->out, c->dt, c->B, c->T, c->pos, NULL, NH, HS, MAXSEQ, c->ws, c->ws_bytes,
                        c->st));
 }
 
