@@ -324,27 +324,63 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     }
     __syncthreads();
     if constexpr (LN) {
-        // Two passes over the row around c = x[0]: x - c is exact for an offset row (Sterbenz), and
-        // the mean is never formed, only dmean = mean - c, so no rounding of a large mean enters.
-        for (int m = warp; m < rows; m += GEMV_WARPS) {
-            float *row = reinterpret_cast<float *>(xs) + (size_t)m * KP;
-            const float c = row[0];  // xs_pos(0) == 0
-            float s = 0.0f;
-            for (int k = lane; k < K; k += 32) s += row[xs_pos<WT, XT>(k)] - c;
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            const float dm = s / K;
-            float q = 0.0f;
-            for (int k = lane; k < K; k += 32) {
-                float d = (row[xs_pos<WT, XT>(k)] - c) - dm;
-                q = fmaf(d, d, q);
+        // Two passes over each row around c = x[0]: x - c is exact for an offset row (Sterbenz),
+        // and the mean is never formed, only dmean = mean - c, so no rounding of a large mean
+        // enters. All warps share each pass (one warp per row left the block waiting at the barrier).
+        float *red = gs + KP;              // [GEMV_WARPS][MT] partial sums
+        float *st = red + GEMV_WARPS * MT;  // cs[MT], dm[MT], rstd[MT]
+        float *xsf = reinterpret_cast<float *>(xs);
+        float part[MT];
+#pragma unroll
+        for (int m = 0; m < MT; m++) part[m] = 0.0f;
+        for (int k = tid; k < K; k += GEMV_THREADS) {
+            const int p = xs_pos<WT, XT>(k);
+#pragma unroll
+            for (int m = 0; m < MT; m++) part[m] += xsf[m * KP + p] - xsf[m * KP];
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            float v = part[m];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) red[warp * MT + m] = v;
+        }
+        __syncthreads();
+        if (tid < MT) {
+            float v = 0.0f;
+            for (int w = 0; w < GEMV_WARPS; w++) v += red[w * MT + tid];
+            st[tid] = xsf[tid * KP];  // c
+            st[MT + tid] = v / K;     // dmean
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < MT; m++) part[m] = 0.0f;
+        for (int k = tid; k < K; k += GEMV_THREADS) {
+            const int p = xs_pos<WT, XT>(k);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const float d = (xsf[m * KP + p] - st[m]) - st[MT + m];
+                part[m] = fmaf(d, d, part[m]);
             }
-            for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-            const float rstd = 1.0f / sqrtf(q / K + LN_EPS);
-            __syncwarp();  // every lane has read c = row[0] before lane 0 overwrites it
-            for (int k = lane; k < K; k += 32) {
-                int p = xs_pos<WT, XT>(k);
-                row[p] = ((row[p] - c) - dm) * rstd * gs[k];
-            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            float v = part[m];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) red[warp * MT + m] = v;
+        }
+        __syncthreads();
+        if (tid < MT) {
+            float v = 0.0f;
+            for (int w = 0; w < GEMV_WARPS; w++) v += red[w * MT + tid];
+            st[2 * MT + tid] = 1.0f / sqrtf(v / K + LN_EPS);
+        }
+        __syncthreads();
+        for (int k = tid; k < K; k += GEMV_THREADS) {
+            const int p = xs_pos<WT, XT>(k);
+            const float gk = gs[k];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                xsf[m * KP + p] = ((xsf[m * KP + p] - st[m]) - st[MT + m]) * st[2 * MT + m] * gk;
         }
         __syncthreads();
     }
@@ -363,7 +399,11 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         }
         const int gn = g + gridDim.x * GEMV_WARPS;
         if (gn < ngroups) load_batch(gn, 0);  // next group's first batch under this one's reduction
-        // Butterfly: every lane ends with every sum; lane i % 32 stores item i.
+        // Butterfly: every lane ends with every sum; lane i keeps item i and makes the one store
+        // (one inlined epilogue, not MT * NPW of them: the unrolled copies overflowed the
+        // instruction cache).
+        static_assert(MT * NPW <= 32, "one item per lane");
+        float mine = 0.0f;
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -371,9 +411,12 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                 float v = acc[m][j];
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                const int n = g * NPW + j;
-                if (((m * NPW + j) & 31) == lane && m < rows && n < N) epi_store(e, m0 + m, n, v);
+                mine = (m * NPW + j == lane) ? v : mine;
             }
+        {
+            const int m = lane / NPW, n = g * NPW + lane % NPW;
+            if (lane < MT * NPW && m < rows && n < N) epi_store(e, m0 + m, n, mine);
+        }
     }
 }
 
@@ -609,28 +652,32 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
         }
     }
     cp_async_wait<0>();
+    if constexpr (LN) ln.finish(row_dmean, row_rstd, K, tid);
+    __syncthreads();  // every warp is done with the operand tiles: Cs reuses them
 
-    if constexpr (LN) {
-        ln.finish(row_dmean, row_rstd, K, tid);
-        __syncthreads();
-    }
-
+    // Epilogue through shared memory: the accumulators land in Cs [BM][BN + 4] fp32, then the
+    // block stores rows of column pairs (coalesced), with one inlined copy of the epilogue.
+    static_assert(BM * (BN + 4) * 4 <= tc_smem_bytes<BM, BN, BK, S, LN>(), "Cs fits");
+    float *Cs = reinterpret_cast<float *>(smem_raw);
     const int gid = lane / 4, tig = lane % 4;
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = wm * WTM + i * 16 + gid + h * 8, m = m0 + r;
-            if (m >= M) continue;
-            const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
+        for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int j = 0; j < NI; j++) {
-                const int n = n0 + wn * WTN + j * 8 + 2 * tig;
-                if (n < N)
-                    epi_store2(e, m, n, ln_apply(e, LN, n, acc[i][j][h * 2], dm, rs),
-                               n + 1 < N ? ln_apply(e, LN, n + 1, acc[i][j][h * 2 + 1], dm, rs) : 0.0f);
+                const int r = wm * WTM + i * 16 + gid + h * 8, c = wn * WTN + j * 8 + 2 * tig;
+                *reinterpret_cast<float2 *>(Cs + r * (BN + 4) + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
-        }
+    __syncthreads();
+#pragma unroll 1
+    for (int idx = tid; idx < BM * BN / 2; idx += THREADS) {
+        const int r = idx / (BN / 2), c = 2 * (idx % (BN / 2)), m = m0 + r, n = n0 + c;
+        if (m >= M || n >= N) continue;
+        const float2 v = *reinterpret_cast<const float2 *>(Cs + r * (BN + 4) + c);
+        const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
+        epi_store2(e, m, n, ln_apply(e, LN, n, v.x, dm, rs), n + 1 < N ? ln_apply(e, LN, n + 1, v.y, dm, rs) : 0.0f);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -742,23 +789,26 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
         }
     }
     cp_async_wait<0>();
+    if constexpr (LN) ln.finish(row_dmean, row_rstd, K, tid);
+    __syncthreads();
 
-    if constexpr (LN) {
-        ln.finish(row_dmean, row_rstd, K, tid);
-        __syncthreads();
-    }
+    // Epilogue through shared memory (as tc_kernel): Cs [BM][BN + 4] over the raw tiles.
+    static_assert(BM * (BN + 4) <= S * (BM + BN + 1) * BK, "Cs fits");
+    float *Cs = Araw;
 #pragma unroll
-    for (int i = 0; i < TM; i++) {
-        const int r = ty * TM + i, m = m0 + r;
-        if (m >= M) continue;
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j += 4)
+            *reinterpret_cast<float4 *>(Cs + (ty * TM + i) * (BN + 4) + tx * TN + j) =
+                make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+    __syncthreads();
+#pragma unroll 1
+    for (int idx = tid; idx < BM * BN / 2; idx += THREADS) {
+        const int r = idx / (BN / 2), c = 2 * (idx % (BN / 2)), m = m0 + r, n = n0 + c;
+        if (m >= M || n >= N) continue;
+        const float2 v = *reinterpret_cast<const float2 *>(Cs + r * (BN + 4) + c);
         const float dm = LN ? row_dmean[r] : 0.0f, rs = LN ? row_rstd[r] : 1.0f;
-#pragma unroll
-        for (int j = 0; j < TN; j += 2) {
-            const int n = n0 + tx * TN + j;
-            if (n < N)
-                epi_store2(e, m, n, ln_apply(e, LN, n, acc[i][j], dm, rs),
-                           n + 1 < N ? ln_apply(e, LN, n + 1, acc[i][j + 1], dm, rs) : 0.0f);
-        }
+        epi_store2(e, m, n, ln_apply(e, LN, n, v.x, dm, rs), n + 1 < N ? ln_apply(e, LN, n + 1, v.y, dm, rs) : 0.0f);
     }
 }
 
@@ -835,7 +885,7 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
                                   const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int CH = 32 * (16 / sizeof(WT));
     const int KP = (K + CH - 1) / CH * CH;
-    const int smem = (MT * KP * (int)sizeof(XT)) + (LN ? KP * 4 : 0);
+    const int smem = (MT * KP * (int)sizeof(XT)) + (LN ? (KP + GEMV_WARPS * MT + 3 * MT) * 4 : 0);
     auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
@@ -856,7 +906,7 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     const long long row_bytes = (long long)(K + CH - 1) / CH * CH * (long long)sizeof(XT);
     int mt = 1;
     while (mt < 16 && mt < M) mt *= 2;
-    const long long extra = LN ? row_bytes : 0;  // gamma
+    const long long extra = LN ? row_bytes + (GEMV_WARPS * 16 + 48) * 4 : 0;  // gamma, statistics
     while (mt > 1 && mt * row_bytes + extra > d.smem_optin) mt /= 2;
     if (row_bytes + extra > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
     switch (mt) {
