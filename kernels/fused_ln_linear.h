@@ -50,14 +50,16 @@ extern "C" {
 typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 
 // Which kernel; AUTO routes by M, N and dtype (the others exist for tests and benchmarks).
-//   GEMV      any M (rows in slices of up to 16, W re-read per slice)
-//   TILED_XS  32 x 64 tiles, TILED_S 64 x 64, TILED_L 128 x 128
+//   GEMV      FMA GEMV, any M (rows in slices of up to 16, W re-read per slice)
+//   GEMV_TC   bf16 only: tensor-core GEMV, rows in slices of up to 64 (LN: K <= 2048)
+//   TILED_XS  32 x 32 tiles, TILED_S 64 x 64, TILED_L 128 x 128
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,
     LINEAR_PATH_TILED_XS = 2,
     LINEAR_PATH_TILED_S = 3,
-    LINEAR_PATH_TILED_L = 4
+    LINEAR_PATH_TILED_L = 4,
+    LINEAR_PATH_GEMV_TC = 5
 } LinearPath;
 
 // QKV output mode (N = 3C, C = num_heads * head_size): column n < C is q, written to q [M, C]

@@ -548,6 +548,166 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 }
 
 
+// ----------------------------------------------------------------------------
+// Tensor-core GEMV (bf16, 4 < M <= 64): the FMA GEMV above turns shared-memory-bound past a few
+// rows (each W element meets M rows of x). Here the block's rows, normalised, sit in shared memory
+// as bf16 [MT][AS]; each warp owns 8 output columns and streams its 8 W rows straight from global
+// memory into mma.sync B fragments, 16 bytes per lane: within each 32-wide K block, lane (gid, tig)
+// loads W[n0 + gid][8 tig .. 8 tig + 8) and uses its halves as the B fragments of two k16 steps;
+// the A fragments read x at the same physical k (k order inside a dot product is free), also 16
+// bytes per row per lane. x's statistics: one-pass around c = x[row][0] (exact x - c for offset
+// rows; this path is bf16 only, whose operand rounding dwarfs the one-pass error).
+
+constexpr int TG_THREADS = 256;
+constexpr int TG_WARPS = TG_THREADS / 32;
+constexpr int TG_U = 8;  // K blocks of 32 per batch of W loads in flight
+
+// A row stride (bf16): 64 bytes mod 128, so the two rows a quarter-warp reads hit distinct banks.
+__host__ __device__ inline int tg_row_stride(int KP) { return KP + ((KP % 64) ? 0 : 32); }
+
+template <int MT, bool LN>
+__global__ void __launch_bounds__(TG_THREADS)
+gemv_tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
+               int m0, int M, int N, int K, int KP, Epilogue e) {
+    constexpr int MI = MT / 16;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int AS = tg_row_stride(KP);
+    bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
+    float *gs = reinterpret_cast<float *>(As + MT * AS);  // LN: gamma [KP]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int rows = min(MT, M - m0);
+    const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
+    const int ngroups = (N + 7) / 8, nkb = KP / 32;
+
+    int g = blockIdx.x + gridDim.x * warp;
+    uint4 wv[TG_U];
+    auto load_batch = [&](int grp, int kb0) {
+#pragma unroll
+        for (int u = 0; u < TG_U; u++)
+            wv[u] = (kb0 + u < nkb) ? load_w16<bf16>(W, N, K, grp * 8 + gid, (kb0 + u) * 32 + 8 * tig, wvec)
+                                    : make_uint4(0, 0, 0, 0);
+    };
+    if (g < ngroups) load_batch(g, 0);  // in flight while x is staged
+
+    if constexpr (LN) {
+        const float *x = reinterpret_cast<const float *>(x_);
+        for (int k = tid; k < KP; k += TG_THREADS) gs[k] = k < K ? gamma[k] : 0.0f;
+        __syncthreads();
+        const bool xvec = (K % 4) == 0 && (ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+        for (int m = warp; m < MT; m += TG_WARPS) {  // a warp per row, the row in registers (K <= 2048)
+            bf16 *arow = As + m * AS;
+            float4 v[16];
+            const float *xr = x + (size_t)(m0 + min(m, rows - 1)) * ldx;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int k = 4 * lane + 128 * i;
+                v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (m < rows && k < K) {
+                    if (xvec) v[i] = __ldg(reinterpret_cast<const float4 *>(xr + k));
+                    else {
+                        v[i].x = xr[k];
+                        if (k + 1 < K) v[i].y = xr[k + 1];
+                        if (k + 2 < K) v[i].z = xr[k + 2];
+                        if (k + 3 < K) v[i].w = xr[k + 3];
+                    }
+                }
+            }
+            const float c = __shfl_sync(0xffffffffu, v[0].x, 0);
+            float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int k = 4 * lane + 128 * i;
+                const float t[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    if (k + q < K) {
+                        const float d = t[q] - c;
+                        s1 += d;
+                        s2 = fmaf(d, d, s2);
+                    }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+                s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+            }
+            const float dm = s1 / K, rstd = 1.0f / sqrtf(fmaxf(s2 / K - dm * dm, 0.0f) + LN_EPS);
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int k = 4 * lane + 128 * i;
+                if (k < KP) {
+                    const float t[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                    float o4[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++) o4[q] = (k + q < K) ? ((t[q] - c) - dm) * rstd * gs[k + q] : 0.0f;
+                    *reinterpret_cast<uint2 *>(arow + k) = make_uint2(pack_bf16x2(o4[0], o4[1]), pack_bf16x2(o4[2], o4[3]));
+                }
+            }
+        }
+    } else {
+        const bf16 *x = reinterpret_cast<const bf16 *>(x_);
+        const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+        const int qpr = KP / 8, total = MT * qpr;
+        for (int base = tid; base < total; base += 4 * TG_THREADS) {
+            uint4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int q = base + j * TG_THREADS, m = q / qpr, k = 8 * (q - m * qpr);
+                v[j] = make_uint4(0, 0, 0, 0);
+                if (q < total && m < rows && k < K) {
+                    const bf16 *p = x + (size_t)(m0 + m) * ldx + k;
+                    if (xvec) v[j] = __ldg(reinterpret_cast<const uint4 *>(p));
+                    else {
+                        bf16 t[8];
+#pragma unroll
+                        for (int q2 = 0; q2 < 8; q2++) t[q2] = (k + q2 < K) ? p[q2] : __float2bfloat16_rn(0.0f);
+                        memcpy(&v[j], t, 16);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int q = base + j * TG_THREADS, m = q / qpr, k = 8 * (q - m * qpr);
+                if (q < total) *reinterpret_cast<uint4 *>(As + m * AS + k) = v[j];
+            }
+        }
+    }
+    __syncthreads();
+
+    for (; g < ngroups; g += gridDim.x * TG_WARPS) {
+        float acc[MI][4];
+#pragma unroll
+        for (int i = 0; i < MI; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        for (int kb0 = 0; kb0 < nkb; kb0 += TG_U) {
+            if (kb0 > 0) load_batch(g, kb0);
+#pragma unroll
+            for (int u = 0; u < TG_U; u++) {
+                const int kb = kb0 + u;
+                if (kb < nkb) {
+#pragma unroll
+                    for (int mi = 0; mi < MI; mi++) {
+                        const uint4 lo = *reinterpret_cast<const uint4 *>(As + (mi * 16 + gid) * AS + kb * 32 + 8 * tig);
+                        const uint4 hi = *reinterpret_cast<const uint4 *>(As + (mi * 16 + gid + 8) * AS + kb * 32 + 8 * tig);
+                        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+                        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+                        mma_bf16_16816(acc[mi], a0, wv[u].x, wv[u].y);
+                        mma_bf16_16816(acc[mi], a1, wv[u].z, wv[u].w);
+                    }
+                }
+            }
+        }
+        const int gn = g + gridDim.x * TG_WARPS;
+        if (gn < ngroups) load_batch(gn, 0);
+        const int n = g * 8 + 2 * tig;
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = mi * 16 + gid + 8 * h;
+                if (r < rows && n < N) epi_store2(e, m0 + r, n, acc[mi][2 * h], acc[mi][2 * h + 1]);
+            }
+    }
+}
+
 // Shared memory: Bs[S][BN][LDS] bf16, then with LN: Araw[S][BM][BK] fp32, Graw[S][BK] fp32,
 // As[BM][LDS] bf16, row_dmean/rstd[BM]; without: As[S][BM][LDS] bf16. LDS = BK + 8 bf16 per
 // operand row (a multiple of 16 bytes that is not of 128: ldmatrix rows hit distinct banks).
@@ -868,11 +1028,14 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 
 namespace lin {
 
-enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4 };
+enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4, PATH_GEMV_TC = 5 };
 
-// Auto routing, from tests/bench_fused_linear.c's sweep (docs/PERF.md).
-inline int auto_path(int M, int N, bool w_bf16, const DeviceInfo &d) {
-    if (M <= 16) return PATH_GEMV;
+// Auto routing, from tests/bench_fused_linear.c's sweep on an H200 (docs/PERF.md): fp32 GEMV up to
+// 16 rows; bf16 FMA GEMV up to 4 rows, tensor-core GEMV up to 64; then tiles, the largest that
+// still gives two blocks per SM.
+inline int auto_path(int M, int N, bool w_bf16, bool tg_ok, const DeviceInfo &d) {
+    if (w_bf16 ? M <= 4 : M <= 16) return PATH_GEMV;
+    if (w_bf16 && M <= 64 && tg_ok) return PATH_GEMV_TC;
     const long long tiles_l = (long long)((M + 127) / 128) * ((N + 127) / 128);
     const long long tiles_s = (long long)((M + 63) / 64) * ((N + 63) / 64);
     if (tiles_l >= 2LL * d.sms) return PATH_TILED_L;
@@ -918,6 +1081,43 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     }
 }
 
+template <int MT, bool LN>
+inline cudaError_t launch_gemv_tc_mt(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
+                                     int K, int KP, const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
+    const int smem = MT * tg_row_stride(KP) * 2 + (LN ? KP * 4 : 0);
+    auto kern = gemv_tc_kernel<MT, LN>;
+    static int done[16];
+    cudaError_t err = allow_smem(kern, smem, done);
+    if (err != cudaSuccess) return err;
+    const int ngroups = (N + 7) / 8;
+    const int grid = ngroups < d.sms ? ngroups : d.sms;
+    for (int m0 = 0; m0 < M; m0 += MT) {
+        kern<<<grid, TG_THREADS, smem, stream>>>(x, ldx, gamma, W, m0, M, N, K, KP, e);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+template <bool LN>
+inline bool gemv_tc_fits(int M, int K, const DeviceInfo &d) {
+    const int KP = (K + 31) / 32 * 32;
+    return (!LN || K <= 2048) && 16 * tg_row_stride(KP) * 2 + (LN ? KP * 4 : 0) <= d.smem_optin;
+    (void)M;
+}
+
+template <bool LN>
+inline cudaError_t launch_gemv_tc(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
+                                  const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
+    if (!gemv_tc_fits<LN>(M, K, d)) return cudaErrorInvalidValue;
+    const int KP = (K + 31) / 32 * 32;
+    auto bytes = [&](int mt) { return (long long)mt * tg_row_stride(KP) * 2 + (LN ? KP * 4 : 0); };
+    int mt = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+    while (mt > 16 && bytes(mt) > d.smem_optin) mt /= 2;
+    if (mt == 16) return launch_gemv_tc_mt<16, LN>(x, ldx, gamma, W, M, N, K, KP, e, d, stream);
+    if (mt == 32) return launch_gemv_tc_mt<32, LN>(x, ldx, gamma, W, M, N, K, KP, e, d, stream);
+    return launch_gemv_tc_mt<64, LN>(x, ldx, gamma, W, M, N, K, KP, e, d, stream);
+}
+
 template <int BM, int BN, int WM, int WN, int BK, int S, bool LN>
 inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
                              const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
@@ -954,7 +1154,11 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     DeviceInfo d;
     int rc = device_info(&d);
     if (rc) return (cudaError_t)rc;
-    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, d);
+    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, w_bf16 && gemv_tc_fits<LN>(M, K, d), d);
+    if (path == PATH_GEMV_TC) {
+        if (!w_bf16) return cudaErrorInvalidValue;
+        return launch_gemv_tc<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
+    }
     if (path == PATH_GEMV) {
         if (w_bf16) {
             if constexpr (LN)

@@ -229,11 +229,12 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     const double tol = dt == DTYPE_F32 ? 1e-5 : 2e-2;
 
     const LinearPath paths[] = {LINEAR_PATH_AUTO, LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
-                                LINEAR_PATH_TILED_L};
-    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l"};
-    Timing tf[5];
-    int ran[5] = {0};
-    for (int p = 0; p < 5; p++) {
+                                LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC};
+    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc"};
+    Timing tf[6];
+    int ran[6] = {0};
+    for (int p = 0; p < 6; p++) {
+        if (paths[p] == LINEAR_PATH_GEMV_TC && (dt != DTYPE_BF16 || M > 512)) continue;
         if (paths[p] == LINEAR_PATH_GEMV && M > 64) continue;  // slices of 16 rows: pointless beyond
         if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && M < 16) continue;
         if (paths[p] == LINEAR_PATH_TILED_XS && M > 512) continue;
@@ -257,7 +258,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     b.gemm_only = 0;
 
     int best = -1;
-    for (int p = 1; p < 5; p++)
+    for (int p = 1; p < 6; p++)
         if (ran[p] && (best < 0 || tf[p].graph_us < tf[best].graph_us)) best = p;
     const double bytes = (double)wbytes + xbytes + (double)M * N * dtype_size(dt);
     const double flops = 2.0 * M * N * K;
@@ -269,7 +270,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
            ran[0] ? flops / tf[0].graph_us / 1e6 : 0);
     if (csv) {
         fprintf(csv, "ln,%s,%d,%d,%d", dtype_name(dt), K, N, M);
-        for (int p = 0; p < 5; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
+        for (int p = 0; p < 6; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
         fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f\n", tb.graph_us, tb.eager_us, tg.graph_us,
                 tg.eager_us, copy_gbps);
         fflush(csv);

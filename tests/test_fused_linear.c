@@ -2,7 +2,7 @@
 // every run (the seed is printed): kernels/fused_ln_linear.h (LayerNorm + Linear + GELU, plain
 // and QKV-into-cache outputs, strided rows) and kernels/linear_residual.h.
 //
-// Every kernel path (GEMV, tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
+// Every kernel path (GEMV, tensor-core GEMV (bf16), tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
 // N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three kinds of rows: N(0, 1)-ish, offset
 // (mean 100, std 1: one-pass variance and W.x - mean*s cancel badly there) and outliers (two
 // channels of +-300..500, one of them inside the first tile that sets the kernels' shift, like
@@ -12,8 +12,9 @@
 // Tolerances, rel_l2 = |out - ref| / |ref| over the whole output:
 //   fp32                              1e-5 against the exact LayerNorm + Linear in fp64
 //   bf16, kernel check                1e-3 against a reference that rounds what the kernel rounds
-//                                     (W; for the tiled kernels also gamma * (x - c) as the tensor
-//                                     core operand, c the kernel's shift; the output when bf16)
+//                                     (W; the tiled kernels' tensor-core operand gamma * (x - c), c
+//                                     the kernel's shift; the tensor-core GEMV's normalised x; the
+//                                     output when bf16)
 //   bf16, against exact LayerNorm     1e-2 (the operand rounding itself, reported for reference)
 //   linear_residual                   1e-5 fp32, 1e-4 bf16 (operands are bf16 in memory already)
 // plus a per-element bound (max |err| <= 50 * tol * rms(ref)) that catches a single bad element.
@@ -145,12 +146,19 @@ static const char *path_name(LinearPath p) {
     case LINEAR_PATH_TILED_XS: return "tiled_xs";
     case LINEAR_PATH_TILED_S: return "tiled_s";
     case LINEAR_PATH_TILED_L: return "tiled_l";
+    case LINEAR_PATH_GEMV_TC: return "gemv_tc";
     default: return "auto";
     }
 }
 
-// Which kernel AUTO takes: gemv for M <= 16 (kernels/linear_kernels.cuh auto_path).
-static int path_is_tiled(LinearPath p, int M) { return p == LINEAR_PATH_AUTO ? M > 16 : p != LINEAR_PATH_GEMV; }
+// How a path rounds the bf16 operand (kernels/linear_kernels.cuh, auto_path for AUTO):
+//   0 none (FMA GEMV: fp32 x times bf16 W), 1 tiled (gamma * (x - c) rounded), 2 tensor-core
+//   GEMV (the normalised x rounded).
+static int path_rounding(LinearPath p, int M, DType wt, int K) {
+    if (wt != DTYPE_BF16) return 0;
+    if (p == LINEAR_PATH_AUTO) p = M <= 4 ? LINEAR_PATH_GEMV : (M <= 64 && K <= 2048) ? LINEAR_PATH_GEMV_TC : LINEAR_PATH_TILED_S;
+    return p == LINEAR_PATH_GEMV ? 0 : p == LINEAR_PATH_GEMV_TC ? 2 : 1;
+}
 
 // ----------------------------------------------------------------------------
 // fused_ln_linear
@@ -214,7 +222,7 @@ static void run_ln_case(const LnCase *c) {
     float *dg = dev_upload(gamma, K * 4), *ds = dev_upload(s, N * 4), *db = dev_upload(b2, N * 4);
 
     // References: exact LayerNorm (fp64 from the fp32 x) and the kernel-rounding one.
-    const int emulate = c->wt == DTYPE_BF16 && path_is_tiled(c->path, M);
+    const int emulate = path_rounding(c->path, M, c->wt, K);
     double *ref_exact = xmalloc((size_t)M * N * sizeof(double)), *ref_kern = xmalloc((size_t)M * N * sizeof(double));
     double *xn = xmalloc(K * sizeof(double)), *a = xmalloc(K * sizeof(double));
     for (int m = 0; m < M; m++) {
@@ -228,14 +236,14 @@ static void run_ln_case(const LnCase *c) {
         const float sh = kernel_shift(row, K);
         for (int k = 0; k < K; k++) {
             xn[k] = (row[k] - mean) * rstd * gamma[k] + beta[k];
-            a[k] = round_bf16((row[k] - sh) * gamma[k]);
+            a[k] = emulate == 2 ? round_bf16((float)((row[k] - mean) * rstd * gamma[k])) : round_bf16((row[k] - sh) * gamma[k]);
         }
         const double dmean = mean - sh;
         for (int n = 0; n < N; n++) {
             const float *w = W + (size_t)n * K;
             double e1 = bias[n], e2 = 0;
             for (int k = 0; k < K; k++) e1 += w[k] * xn[k], e2 += w[k] * a[k];
-            e2 = rstd * (e2 - dmean * s[n]) + b2[n];
+            e2 = emulate == 2 ? e2 + b2[n] : rstd * (e2 - dmean * s[n]) + b2[n];
             if (c->act == ACT_GELU) e1 = gelu_ref(e1), e2 = gelu_ref(e2);
             if (c->yt == DTYPE_BF16) e1 = round_bf16((float)e1), e2 = round_bf16((float)e2);
             ref_exact[(size_t)m * N + n] = e1;
@@ -377,11 +385,11 @@ int main(void) {
     const int nshapes = small ? 4 : 6;
 
     const LinearPath paths[] = {LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S, LINEAR_PATH_TILED_L,
-                                LINEAR_PATH_AUTO};
+                                LINEAR_PATH_AUTO, LINEAR_PATH_GEMV_TC};
     const int shapes[][3] = {{1, 300, 96}, {3, 77, 100}, {17, 300, 97}, {130, 300, 96}, {16, 1024, 768}, {64, 200, 768}};
     int ci = 0;
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < 5; p++)
+        for (int p = 0; p < (wt ? 6 : 5); p++)
             for (int si = 0; si < nshapes; si++, ci++) {
                 LnCase c = {0};
                 c.M = shapes[si][0], c.N = shapes[si][1], c.K = shapes[si][2];
@@ -394,7 +402,7 @@ int main(void) {
             }
     // Numerics: offset rows and outlier channels at GPT-2's width, every path.
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < 5; p++)
+        for (int p = 0; p < (wt ? 6 : 5); p++)
             for (int d = DATA_OFFSET; d <= DATA_OUTLIER; d++) {
                 LnCase c = {0};
                 c.M = 33, c.N = small ? 40 : 256, c.K = 768, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_GELU, c.data = d;
@@ -422,7 +430,7 @@ int main(void) {
 
     const int rshapes[][3] = {{1, 300, 96}, {3, 77, 100}, {17, 300, 97}, {130, 300, 96}, {16, 768, 3072}, {200, 192, 768}};
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < 5; p++)
+        for (int p = 0; p < (wt ? 6 : 5); p++)
             for (int si = 0; si < nshapes; si++)
                 run_res_case(rshapes[si][0], rshapes[si][1], rshapes[si][2], (DType)wt, paths[p], si == 2 || si == 5);
     test_bad_args();
