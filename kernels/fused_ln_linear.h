@@ -9,13 +9,14 @@
 // fp32 accumulation. Used for ln1 -> qkv (the QKV output mode below), ln2 -> fc -> GELU and
 // lnf -> logits (W = wte, b' = wte . beta, fp32 logits).
 //
-// Kernels (kernels/linear_kernels.cuh), picked per call by M:
+// Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
 //   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
 //             in shared memory and normalises them there (exact two-pass statistics: x is tiny),
-//             so the weights multiply the true LayerNorm output.
+//             so the weights multiply the true LayerNorm output. bf16 with 4 < M <= 16: the same
+//             staging, then tensor cores (mma.sync) fed with W straight from global memory.
 //   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
-//             (no TF32). The x tile each K step loads also feeds the row statistics; the formula
-//             above is applied in the epilogue.
+//             (no TF32), cp.async rings; the x tile each K step loads also feeds the row
+//             statistics; the formula above is applied in the epilogue.
 //
 // Numerics of the tiled kernels. The plain one-pass form fails where GPT-2 needs it: a row whose
 // mean is large against its spread loses the variance in E[x^2] - E[x]^2, and W.x - mean * s_n

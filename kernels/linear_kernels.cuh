@@ -1030,17 +1030,17 @@ namespace lin {
 
 enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4, PATH_GEMV_TC = 5 };
 
-// Auto routing, from tests/bench_fused_linear.c's sweep on an H200 (docs/PERF.md): fp32 GEMV up to
-// 16 rows; bf16 FMA GEMV up to 4 rows, tensor-core GEMV up to 64; then tiles, the largest that
-// still gives two blocks per SM.
-inline int auto_path(int M, int N, bool w_bf16, bool tg_ok, const DeviceInfo &d) {
-    if (w_bf16 ? M <= 4 : M <= 16) return PATH_GEMV;
-    if (w_bf16 && M <= 64 && tg_ok) return PATH_GEMV_TC;
+// Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
+// the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to 4, then the tensor-core GEMV up to 16),
+// 32 x 32 tiles up to 128 rows, then 128 x 128 tiles (fp32: 64 x 64 until 128 x 128 tiles would
+// cover the SMs).
+inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, const DeviceInfo &d) {
+    if (w_bf16 && ln && M > 4 && M <= 16 && tg_ok) return PATH_GEMV_TC;
+    if (M <= 16) return PATH_GEMV;
+    if (M <= 128) return PATH_TILED_XS;
+    if (w_bf16) return PATH_TILED_L;
     const long long tiles_l = (long long)((M + 127) / 128) * ((N + 127) / 128);
-    const long long tiles_s = (long long)((M + 63) / 64) * ((N + 63) / 64);
-    if (tiles_l >= 2LL * d.sms) return PATH_TILED_L;
-    if (tiles_s >= 2LL * d.sms || !w_bf16) return PATH_TILED_S;
-    return PATH_TILED_XS;
+    return tiles_l >= 128 * d.sms / 132 ? PATH_TILED_L : PATH_TILED_S;
 }
 
 template <typename WT, typename XT, int MT, int NPW, int U, bool LN>
@@ -1154,7 +1154,7 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     DeviceInfo d;
     int rc = device_info(&d);
     if (rc) return (cudaError_t)rc;
-    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, w_bf16 && gemv_tc_fits<LN>(M, K, d), d);
+    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), d);
     if (path == PATH_GEMV_TC) {
         if (!w_bf16) return cudaErrorInvalidValue;
         return launch_gemv_tc<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
