@@ -35,6 +35,7 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
         e.hs = qkv->head_size;
         e.max_seq = qkv->max_seq;
         e.C = C;
+        e.pos_dev = qkv->pos_device;
     } else {
         if (!y || ldy < N) return cudaErrorInvalidValue;
         e.mode = lin::OUT_PLAIN;

@@ -66,10 +66,14 @@ typedef enum {
 // QKV output mode (N = 3C, C = num_heads * head_size): column n < C is q, written to q [M, C]
 // (row m, ytype); columns C..2C-1 are k and 2C..3C-1 are v, written straight into this layer's
 // cache, each [B][num_heads][max_seq][head_size] (ytype): row m = b*T + t goes to position pos + t.
+// pos_device (may be NULL): the position is read from this device int as the kernel runs, so one
+// captured CUDA graph serves every decode step; pos is then only the bound checked against
+// max_seq (the largest position it will hold, e.g. max_seq - T).
 typedef struct {
     void *q;
     void *k_cache, *v_cache;
     int T, pos, num_heads, head_size, max_seq;
+    const int *pos_device;
 } QKVDest;
 
 // y = act(LayerNorm(x) W^T + b) through the folded form above.

@@ -40,6 +40,7 @@ struct Epilogue {
     long long ldy;
     void *k_cache, *v_cache;  // QKV: [B][NH][max_seq][HS]
     int T, pos, nh, hs, max_seq, C;
+    const int *pos_dev;  // QKV: when not NULL, the position is read here as the kernel runs
     float *residual;     // RESIDUAL: [M, N] fp32
     const float *bias;   // b (plain linear) or b' (LN folded); NULL: none
     const float *s;      // LN folded: s_n
@@ -70,8 +71,9 @@ __device__ __forceinline__ void epi_store(const Epilogue &e, int m, int n, float
         } else {
             int b = m / e.T, t = m - b * e.T;
             int h = c / e.hs, d = c - h * e.hs;
+            const int pos = e.pos_dev ? __ldg(e.pos_dev) : e.pos;
             dst = which == 1 ? e.k_cache : e.v_cache;
-            idx = (((size_t)b * e.nh + h) * e.max_seq + e.pos + t) * e.hs + d;
+            idx = (((size_t)b * e.nh + h) * e.max_seq + pos + t) * e.hs + d;
         }
     } else {
         dst = e.y;
@@ -122,8 +124,9 @@ __device__ __forceinline__ void epi_store2(const Epilogue &e, int m, int n, floa
             idx = (size_t)m * e.C + c;
         } else {
             int b = m / e.T, t = m - b * e.T;
+            const int pos = e.pos_dev ? __ldg(e.pos_dev) : e.pos;
             dst = which == 1 ? e.k_cache : e.v_cache;
-            idx = (((size_t)b * e.nh + h) * e.max_seq + e.pos + t) * e.hs + d;
+            idx = (((size_t)b * e.nh + h) * e.max_seq + pos + t) * e.hs + d;
         }
     } else {
         dst = e.y;

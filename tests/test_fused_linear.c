@@ -169,8 +169,8 @@ typedef struct {
     Activation act;
     int data;
     LinearPath path;
-    // QKV mode (qkv_T > 0): N = 3 * nh * hs = 3K
-    int qkv_T, qkv_pos, qkv_nh, qkv_max_seq;
+    // QKV mode (qkv_T > 0): N = 3 * nh * hs = 3K; qkv_pos_dev: the position from device memory
+    int qkv_T, qkv_pos, qkv_nh, qkv_max_seq, qkv_pos_dev;
     // strided rows (plain mode): x rows ldx apart (>= K), y rows ldy apart (>= N)
     int ldx, ldy;
 } LnCase;
@@ -196,7 +196,8 @@ static void run_ln_case(const LnCase *c) {
     char name[256];
     snprintf(name, sizeof name, "fused_ln_linear %s->%s %s M=%d N=%d K=%d %s %s%s%s", dtype_name(c->wt),
              dtype_name(c->yt), path_name(c->path), M, N, K, c->act == ACT_GELU ? "gelu" : "none",
-             data_name[c->data], qkv ? " qkv" : "", (ldx != K || ldy != N) ? " strided" : "");
+             data_name[c->data], qkv ? (c->qkv_pos_dev ? " qkv pos_device" : " qkv") : "",
+             (ldx != K || ldy != N) ? " strided" : "");
 
     float *x = xcalloc((size_t)M * ldx, sizeof(float));
     float *xr = xmalloc((size_t)M * K * sizeof(float));
@@ -278,7 +279,13 @@ static void run_ln_case(const LnCase *c) {
         cuda_ok(cudaMemset(dq, 0xff, (size_t)M * K * ysz), "poison");
         cuda_ok(cudaMemset(dk, 0xff, ncache * ysz), "poison");
         cuda_ok(cudaMemset(dv, 0xff, ncache * ysz), "poison");
-        QKVDest dst = {dq, dk, dv, T, pos, nh, hs, ms};
+        QKVDest dst = {dq, dk, dv, T, pos, nh, hs, ms, NULL};
+        int *dpos = NULL;
+        if (c->qkv_pos_dev) {  // the host's pos is only the bound; the kernel reads the real one
+            dpos = dev_upload(&pos, sizeof pos);
+            dst.pos = ms - T;
+            dst.pos_device = dpos;
+        }
         rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, NULL, 0, c->yt, M, N, K, c->act, &dst, c->path, 0);
         cuda_ok(cudaDeviceSynchronize(), name);
         float *qh = download(dq, (size_t)M * K, c->yt), *kh = download(dk, ncache, c->yt),
@@ -297,7 +304,7 @@ static void run_ln_case(const LnCase *c) {
             if (p < pos || p >= pos + T) outside_ok &= isnan(kh[i]) && isnan(vh[i]);
         }
         free(qh), free(kh), free(vh);
-        cudaFree(dq), cudaFree(dk), cudaFree(dv);
+        cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dpos);
     }
     ck = compare(yh, ref_kern, (size_t)M * N);
     ce = compare(yh, ref_exact, (size_t)M * N);
@@ -411,11 +418,12 @@ int main(void) {
             }
     // QKV into the cache: decode-like (B=2, T=1) and prefill-like (B=2, T=65) steps.
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < 2; p++) {
+        for (int p = 0; p < 3; p++) {
             LnCase c = {0};
+            c.qkv_pos_dev = p == 2;
             c.K = 96, c.N = 288, c.qkv_nh = 3, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_NONE, c.data = DATA_OUTLIER;
             c.path = LINEAR_PATH_AUTO;
-            if (p == 0) c.qkv_T = 1, c.M = 2, c.qkv_pos = 7, c.qkv_max_seq = 16;
+            if (p != 1) c.qkv_T = 1, c.M = p ? 16 : 2, c.qkv_pos = 7, c.qkv_max_seq = 16;
             else c.qkv_T = 65, c.M = 130, c.qkv_pos = 3, c.qkv_max_seq = 80;
             run_ln_case(&c);
         }
