@@ -366,7 +366,7 @@ static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big
 static void test_bad_args(void) {
     float *d = dev_upload(NULL, 4096);
     int e1 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 1, 0, 8, ACT_NONE, NULL, 0);
-    QKVDest bad = {d, d, d, 1, 0, 2, 4, 8};  // N = 10 != 3 * 8
+    QKVDest bad = {d, d, d, 1, 0, 2, 4, 8, NULL};  // N = 10 != 3 * 8
     int e2 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, NULL, DTYPE_F32, 1, 10, 8, ACT_NONE, &bad, 0);
     int e3 = linear_residual(d, d, (DType)7, d, d, 1, 8, 8, 0);
     int e4 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 0, 8, 8, ACT_NONE, NULL, 0);  // M=0: nothing
