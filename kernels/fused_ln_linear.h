@@ -29,6 +29,9 @@
 // which is the same function (mean = c + dmean) with every term of the size of the spread as long
 // as c is within a few standard deviations of the mean, which the mean of 16-32 values is (a row
 // of 768 with one channel of 500 among N(0, 1) ones puts c at ~16-31, near the row's std of ~18).
+// The GEMV paths stage whole rows, so they need no such care: the FMA GEMV takes exact two-pass
+// statistics around c = x[0]; the tensor-core GEMV (bf16 only) one pass around c = x[0], whose
+// error (x - c is exact for an offset row) stays far under the bf16 rounding of its operand.
 // tests/test_fused_linear.c checks offset rows (mean 100, std 1) and outlier channels (+-500).
 //
 // All pointers are device memory. Nothing is allocated per call and the host never waits: every

@@ -7,17 +7,20 @@
 // where v = acc + b[n] (plain linear), or v = rstd (acc - dmean s[n]) + b'[n] (LayerNorm folded,
 // docs/DESIGN.md; dmean and acc taken around a per-row shift, see "Numerics" in fused_ln_linear.h).
 //
-// Three kernels, picked by the launchers by M and dtype:
-//   gemv_kernel   M <= 16 (decode). Each block stages its rows of x in shared memory once
-//                 (normalised there when LN: x is tiny, so the statistics are exact two-pass),
-//                 then each warp streams whole W rows with 16-byte loads, NPW rows at a time,
-//                 every SM busy; lanes split K, a butterfly sums them.
-//   tc_kernel     bf16, any M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, W tiles by
-//                 cp.async in a 3-stage ring. With LN, the fp32 x tile goes global -> registers
-//                 (next tile in flight while this one multiplies) -> shift, row sums, *gamma ->
-//                 bf16 -> shared memory: the row statistics ride along the same K loop.
-//   simt_kernel   fp32, any M: register-tiled FFMA (no TF32: the fp32 path must match fp32
-//                 references to 1e-5), same LN handling as tc_kernel.
+// Four kernels, picked by the launchers by M and dtype (auto_path, at the end):
+//   gemv_kernel     M <= 16 (decode). Each block stages its rows of x in shared memory once
+//                   (normalised there when LN: x is tiny, so the statistics are exact two-pass),
+//                   then each warp streams whole W rows with 16-byte loads, NPW rows at a time,
+//                   every SM busy; lanes split K, a butterfly sums them.
+//   gemv_tc_kernel  bf16, 4 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
+//                   with W straight from global memory into B fragments.
+//   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
+//                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
+//                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
+//                   shared memory before the MMAs.
+//   simt_kernel     fp32, larger M: register-tiled FFMA (no TF32: the fp32 path must match fp32
+//                   references to 1e-5), same LN handling as tc_kernel.
+// Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear".
 #pragma once
 
 #include <cuda_bf16.h>
