@@ -67,7 +67,7 @@ typedef struct GpuState {
     void *q;              // [R, C] dtype: queries, layout owned by the table
     void *atty;           // [R, C] dtype: attention output, rows, heads side by side
     void *h;              // [R, 4C] dtype: MLP hidden after GELU
-    // Only when the table sets unfused_buffers (else NULL):
+    // ln and scratch when the table sets unfused_buffers, att and att_p when score_buffers (else NULL):
     void *ln;             // [R, C] dtype: LayerNorm output
     float *scratch;       // [R, 4C] fp32: matmul outputs before bias / activation
     float *att;           // [max_batch * NH, max_seq, max_seq] fp32 attention scores
@@ -90,7 +90,8 @@ typedef struct {
 // Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.
 typedef struct {
     const char *name;     // the Engine's name: "gpu", "gpu-reference"
-    int unfused_buffers;  // 1: allocate ln, scratch, att, att_p (the reference needs them)
+    int unfused_buffers;  // 1: allocate ln and scratch (LayerNorm output, cuBLAS products)
+    int score_buffers;    // 1: allocate att and att_p (the T x T scores of an unfused attention)
     int device_position;  // 1: every op honours GpuStep.pos_device, so decode replays as a CUDA graph
     // Bytes of scratch the table's kernels want (e.g. flash-decoding partials), for this state's
     // shapes (max_batch, max_seq, NH, HS); NULL or 0: none. The engine allocates it once with the

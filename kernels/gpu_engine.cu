@@ -39,7 +39,10 @@ typedef struct {
     // copy in and one copy out around the model and the sampler.
     int *io_host, *io_dev;
     DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
+    void *cublas_workspace;             // kCublasWorkspaceBytes, given to cuBLAS at creation
 } GpuEngine;
+
+static const size_t kCublasWorkspaceBytes = 32u << 20;  // what NVIDIA advises for Hopper
 
 static void gpu_engine_destroy(Engine *e);
 
@@ -201,6 +204,8 @@ static size_t layout_acts(GpuEngine *g, char *base) {
     if (g->ops->unfused_buffers) {
         TAKE(s->ln, void *, R * C * ds);
         TAKE(s->scratch, float *, R * 4 * C * sizeof(float));
+    }
+    if (g->ops->score_buffers) {
         TAKE(s->att, float *, att * sizeof(float));
         if (s->dtype == DTYPE_F32) s->att_p = s->att;
         else TAKE(s->att_p, void *, att * ds);
@@ -426,6 +431,7 @@ static void gpu_engine_destroy(Engine *e) {
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
         if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
+        if (g->cublas_workspace) CUDA_WARN(cudaFree(g->cublas_workspace));
         if (g->acts) CUDA_WARN(cudaFree(g->acts));
         if (g->cache) CUDA_WARN(cudaFree(g->cache));
         if (g->weights) CUDA_WARN(cudaFree(g->weights));
@@ -468,6 +474,9 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     CUBLAS_TRY(cublasSetStream(s->cublas, s->stream));
     // CUBLAS_COMPUTE_32F with the default math mode: fp32 stays fp32 (no TF32 shortcut).
     CUBLAS_TRY(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
+    // cuBLAS's own workspace, set up front: a call captured into a decode graph must not allocate.
+    if (gpu_alloc(&g->cublas_workspace, kCublasWorkspaceBytes, "the cuBLAS workspace", err)) return -1;
+    CUBLAS_TRY(cublasSetWorkspace(s->cublas, g->cublas_workspace, kCublasWorkspaceBytes));
 
     if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
     size_t io_bytes = (1 + 3 * (size_t)s->max_batch) * sizeof(int);

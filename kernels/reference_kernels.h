@@ -27,9 +27,11 @@ cudaError_t gelu_forward(void *out, const float *y, size_t n, DType dt, cudaStre
 cudaError_t residual_add_bias(float *x, const float *y, const float *b, int M, int N, cudaStream_t stream);
 
 // attention_layout.cu: the rows <-> heads moves around the reference attention.
-// qkv: fp32 [B*T, 3C] with bias. q -> [B, NH, T, HS] dtype; k, v -> the cache at positions pos + t.
+// qkv: fp32 [B*T, 3C] with bias. q -> [B, NH, T, HS] dtype (q_rows: kept as rows [B*T, C]); k, v ->
+// the cache at positions pos + t (pos_device, when not NULL, holds the position on the device).
 cudaError_t qkv_to_heads(void *q, void *k_cache, void *v_cache, const float *qkv, int B, int T, int pos,
-                         int NH, int HS, int max_seq, DType dt, cudaStream_t stream);
+                         const int *pos_device, int NH, int HS, int max_seq, int q_rows, DType dt,
+                         cudaStream_t stream);
 // y: fp32 [B, NH, T, HS] -> out: dtype [B*T, C] (heads side by side).
 cudaError_t heads_to_rows(void *out, const float *y, int B, int T, int NH, int HS, DType dt, cudaStream_t stream);
 
