@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
+# included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
+# `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
+#   bash scripts/gpu_check.sh [build] [maketest] [sanitize|memcheck|racecheck] [compare] [time]
+# (default: all five; `compare` and `time` use the 124M-shape model that tests/e2e_gpu.sh writes)
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu/check}
+mkdir -p "$out"
+steps=${*:-build maketest sanitize compare time}
+mk=(CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a")
+if [ -d .devkit ]; then  # scripts/devkit.sh: headers and libraries the machine lacks
+    mk+=(EXTRA_CFLAGS=-I$PWD/.devkit/include EXTRA_LDFLAGS=-L$PWD/.devkit/lib)
+    export LD_LIBRARY_PATH=$PWD/.devkit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export GPT2_BIN=$PWD/gpt2 GPT2_BUILD=build/gpu PYTHONUNBUFFERED=1
+m=build/gpu/testdata/e2e_gpu/gpt2_124M_shape_bf16.bin
+unit_tests="test_sampling test_fused_attention test_fused_linear test_gpu_engine"
+for s in $steps; do
+    t0=$(date +%s)
+    case $s in
+    build)
+        nvidia-smi -L
+        make -j16 "${mk[@]}" all $(for t in tests/test_*.c; do echo build/gpu/tests/$(basename $t .c); done) \
+            >"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
+        grep -i "warning" "$out/build.log" | head -n 20 ;;
+    maketest)
+        make "${mk[@]}" test >"$out/make_test.log" 2>&1
+        grep -E "^(FAIL|SKIP)|^  .*(rel_l2|argmax|greedy)|passed," "$out/make_test.log" ;;
+    memcheck|racecheck|sanitize)
+        tools=$s; [ $s = sanitize ] && tools="memcheck racecheck"
+        for tool in $tools; do
+            for t in $unit_tests; do
+                GPT2_NO_OOM_TEST=1 GPT2_QUICK=1 GPT2_TEST_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+                    build/gpu/tests/$t >"$out/${tool}_$t.log" 2>&1
+                echo "$tool $t: exit $? | $(grep -c '^PASS' "$out/${tool}_$t.log") PASS," \
+                    "$(grep -c '^FAIL' "$out/${tool}_$t.log") FAIL |" \
+                    "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
+            done
+        done ;;
+    compare)
+        for dt in fp32 bf16; do ./gpt2 compare -m "$m" --dtype $dt -B 2 -T 128 2>&1 | tee -a "$out/compare.log"; done ;;
+    time)
+        for path in --gpu --reference; do
+            for b in 1 8 64; do
+                ./gpt2 -m "$m" $path -b $b -n 256 --ignore-eos -p "Hello world" 2>&1 >/dev/null |
+                    grep -E "^(prompt|decode):" | sed "s/^/${path#--} bf16 b=$b /"
+            done
+        done 2>&1 | tee "$out/time.log" ;;
+    esac
+    echo "== $s: $(( $(date +%s) - t0 )) s"
+done
