@@ -120,7 +120,7 @@ constexpr int kMaxCounters = (int)(kCounterBytes / sizeof(unsigned));
 // The end of a split block: its partial (res = unnormalised sum p.v [T][HS], ms / ls = max and sum
 // per query, all in shared memory and visible) goes to pb = this head's partials [T][splits][2 + HS];
 // the last of the head's blocks to arrive (counter) merges all splits into out (this head's columns
-// of row b*T) and leaves the counter at zero:
+// of row b*T) and leaves the counter at zero (an empty chunk has m = -inf, l = 0, acc = 0):
 //   out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M finite (split 0 holds key 0).
 template <typename E>
 __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *outh, int T, int HS, int C, int split,
@@ -273,11 +273,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q
     __syncthreads();
     float M = -INFINITY;
 #pragma unroll
-    for (int s2 = 0; s2 < NS; s2++) M = fmaxf(M, sm_m[s2]);  // finite: the chunk holds a key
+    for (int s2 = 0; s2 < NS; s2++) M = fmaxf(M, sm_m[s2]);
+    // M is -inf only for a chunk past the cache's end (a decode graph lays the split out for the
+    // longest cache): it contributes nothing, as finish_split's weight 2^(-inf - M) = 0 says.
     float w[NS], den = 0.f;
 #pragma unroll
     for (int s2 = 0; s2 < NS; s2++) {
-        w[s2] = exp2f(sm_m[s2] - M);
+        w[s2] = M == -INFINITY ? 0.f : exp2f(sm_m[s2] - M);
         den = fmaf(w[s2], sm_l[s2], den);
     }
     E *outh = out + (size_t)b * C + h * HS;

@@ -44,8 +44,10 @@ for s in $steps; do
     time)
         for path in --gpu --reference; do
             for b in 1 8 64; do
-                ./gpt2 -m "$m" $path -b $b -n 256 --ignore-eos -p "Hello world" 2>&1 >/dev/null |
-                    grep -E "^(prompt|decode):" | sed "s/^/${path#--} bf16 b=$b /"
+                for sampling in "--temp 0" "--top-k 40"; do  # greedy vs top-k: what sampling costs
+                    ./gpt2 -m "$m" $path -b $b -n 256 --ignore-eos $sampling -p "Hello world" 2>&1 >/dev/null |
+                        grep -E "^(decode:|gpt2:)" | sed "s/^/${path#--} bf16 b=$b $sampling: /"
+                done
             done
         done 2>&1 | tee "$out/time.log" ;;
     esac
