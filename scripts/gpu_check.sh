@@ -16,7 +16,7 @@ if [ -d .devkit ]; then  # scripts/devkit.sh: headers and libraries the machine 
 fi
 export GPT2_BIN=$PWD/gpt2 GPT2_BUILD=build/gpu PYTHONUNBUFFERED=1
 m=build/gpu/testdata/e2e_gpu/gpt2_124M_shape_bf16.bin
-unit_tests="test_sampling test_fused_attention test_fused_linear test_gpu_engine"
+unit_tests=${UNIT_TESTS:-test_sampling test_fused_attention test_fused_linear test_gpu_engine}
 for s in $steps; do
     t0=$(date +%s)
     case $s in

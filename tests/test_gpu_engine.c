@@ -101,13 +101,16 @@ typedef struct {
     GPT2Config config;
 } Shape;
 
-// Full forward of B sequences of T tokens on the GPU reference path against the CPU engine.
-static void check_against_cpu(const GPT2Model *m, const char *tag, DType gpu_dtype, double tol, int B, int T) {
+static const char *path_name(Backend backend) { return backend == BACKEND_GPU ? "fused" : "reference"; }
+
+// Full forward of B sequences of T tokens on a GPU path against the CPU engine.
+static void check_against_cpu(const GPT2Model *m, Backend backend, const char *tag, DType gpu_dtype, double tol, int B,
+                              int T) {
     char name[160];
-    snprintf(name, sizeof(name), "gpu_reference_%s_%s_vs_cpu", tag, dtype_name(gpu_dtype));
+    snprintf(name, sizeof(name), "gpu_%s_%s_%s_vs_cpu", path_name(backend), tag, dtype_name(gpu_dtype));
     Error err;
     int V = m->config.vocab_size;
-    Engine *g = make_engine(m, BACKEND_GPU_REFERENCE, gpu_dtype, B, T, &err);
+    Engine *g = make_engine(m, backend, gpu_dtype, B, T, &err);
     Engine *c = g ? make_engine(m, BACKEND_CPU, DTYPE_F32, B, T, &err) : NULL;
     if (!g || !c) {
         CHECK(0, name, "engine_create: %s", err.msg);
@@ -133,13 +136,13 @@ static void check_against_cpu(const GPT2Model *m, const char *tag, DType gpu_dty
 
 // KV cache: a prefill of P tokens, then chunks and single-token steps through the cache, each
 // logits row compared with the same position of one full forward over the whole sequence.
-static void check_decode(const GPT2Model *m, const char *tag, int B, int T, int P) {
+static void check_decode(const GPT2Model *m, Backend backend, const char *tag, int B, int T, int P) {
     char name[160];
-    snprintf(name, sizeof(name), "gpu_kv_decode_%s_B%d", tag, B);
+    snprintf(name, sizeof(name), "gpu_%s_kv_decode_%s_B%d", path_name(backend), tag, B);
     Error err;
     int V = m->config.vocab_size;
-    Engine *full = make_engine(m, BACKEND_GPU_REFERENCE, DTYPE_F32, B, T, &err);
-    Engine *inc = full ? make_engine(m, BACKEND_GPU_REFERENCE, DTYPE_F32, B, T, &err) : NULL;
+    Engine *full = make_engine(m, backend, DTYPE_F32, B, T, &err);
+    Engine *inc = full ? make_engine(m, backend, DTYPE_F32, B, T, &err) : NULL;
     if (!full || !inc) {
         CHECK(0, name, "engine_create: %s", err.msg);
         engine_free(full);
@@ -166,6 +169,42 @@ static void check_decode(const GPT2Model *m, const char *tag, int B, int T, int 
     else CHECK(worst <= 1e-5, name, "worst rel_l2 %.3g over the steps (tolerance 1e-5)", worst);
     if (rc == 0 && worst <= 1e-5) printf("  %s: worst rel_l2 %.3g\n", name, worst);
     free(tok), free(ref), free(step), free(chunk);
+    engine_free(full);
+    engine_free(inc);
+}
+
+// The decode step as generation runs it on the fused path: a CUDA graph per batch size replayed
+// at each position, greedy sampling on the device. Fed the same tokens (teacher forcing), each
+// step's pick must be the argmax of that position in one full forward.
+static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, int B, int T, int P) {
+    char name[160];
+    snprintf(name, sizeof(name), "gpu_fused_graph_decode_%s_%s_B%d", tag, dtype_name(dt), B);
+    Error err;
+    int V = m->config.vocab_size;
+    Engine *full = make_engine(m, BACKEND_GPU, dt, B, T, &err);
+    Engine *inc = full ? make_engine(m, BACKEND_GPU, dt, B, T, &err) : NULL;
+    if (!full || !inc) {
+        CHECK(0, name, "engine_create: %s", err.msg);
+        engine_free(full);
+        return;
+    }
+    int *tok = random_tokens(B * T, V, 23 + B);
+    float *ref = xmalloc((size_t)B * T * V * sizeof(float)), *logits = xmalloc((size_t)B * V * sizeof(float));
+    int *col = xmalloc((size_t)B * P * sizeof(int)), *next = xmalloc(B * sizeof(int));
+    Sampler greedy;
+    sampler_create(&greedy, V, 0.0f, 40, 0.9f, 1);
+    int rc = full->forward(full, tok, B, T, 0, ref, 1, &err), steps = 0, wrong = 0;
+    for (int b = 0; b < B; b++) memcpy(col + (size_t)b * P, tok + (size_t)b * T, P * sizeof(int));
+    if (rc == 0) rc = inc->forward(inc, col, B, P, 0, logits, 0, &err);
+    for (int pos = P; rc == 0 && pos < T; pos++, steps++) {
+        for (int b = 0; b < B; b++) col[b] = tok[(size_t)b * T + pos];
+        rc = engine_decode(inc, col, B, pos, &greedy, logits, next, &err);
+        for (int b = 0; rc == 0 && b < B; b++) wrong += next[b] != argmax(ref + ((size_t)b * T + pos) * V, V);
+    }
+    if (rc) CHECK(0, name, "%s", err.msg);
+    else CHECK(wrong == 0, name, "%d of %d greedy picks differ from the full forward's argmax", wrong, steps * B);
+    sampler_free(&greedy);
+    free(tok), free(ref), free(logits), free(col), free(next);
     engine_free(full);
     engine_free(inc);
 }
@@ -379,9 +418,13 @@ int main(void) {
         make_model(&m, shapes[i].config, DTYPE_F32, 100 + i, 0.08f);
         const char *tag = shapes[i].name;
         int T = shapes[i].config.max_seq_len;
-        check_against_cpu(&m, tag, DTYPE_F32, 1e-5, 2, T);
-        check_decode(&m, tag, 1, T, T / 3 > 0 ? T / 3 : 1);
-        check_decode(&m, tag, 3, T, T / 3 > 0 ? T / 3 : 1);
+        for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
+            check_against_cpu(&m, be, tag, DTYPE_F32, 1e-5, 2, T);
+            check_decode(&m, be, tag, 1, T, T / 3 > 0 ? T / 3 : 1);
+            check_decode(&m, be, tag, 3, T, T / 3 > 0 ? T / 3 : 1);
+        }
+        check_graph_decode(&m, tag, DTYPE_F32, 1, T, T / 3 > 0 ? T / 3 : 1);
+        check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);  // 20 rows: the cuBLAS route
         if (i < 2) check_bf16(&m, tag, 2, T);
         check_folded(&m, tag, DTYPE_F32);
         check_folded(&m, tag, DTYPE_BF16);
@@ -399,22 +442,29 @@ int main(void) {
     for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
         GPT2Model m;
         make_model(&m, big[i].config, DTYPE_F32, 200 + i, 0.02f);
-        check_against_cpu(&m, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
-        check_decode(&m, big[i].name, 2, big[i].config.max_seq_len, 5);
+        for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
+            check_against_cpu(&m, be, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
+            check_decode(&m, be, big[i].name, 2, big[i].config.max_seq_len, 5);
+        }
         gpt2_model_free(&m);
     }
     GPT2Model ml;
     make_model(&ml, (GPT2Config){.max_seq_len = 1024, .vocab_size = 300, .padded_vocab_size = 384, .num_layers = 2,
                                  .num_heads = 2, .channels = 64},
                DTYPE_F32, 300, 0.1f);
-    check_decode(&ml, "long1024", 1, 1024, 1000);
-    check_decode(&ml, "long1024", 2, 1024, 1000);
+    for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
+        check_decode(&ml, be, "long1024", 1, 1024, 1000);
+        check_decode(&ml, be, "long1024", 2, 1024, 1000);
+    }
+    check_graph_decode(&ml, "long1024", DTYPE_F32, 1, 1024, 900);
     gpt2_model_free(&ml);
     // A bf16 checkpoint: run as bf16 (no conversion) and as fp32 (widened at upload, then exact).
     GPT2Model mb;
     make_model(&mb, shapes[1].config, DTYPE_BF16, 7, 0.08f);
-    check_against_cpu(&mb, "bf16ckpt", DTYPE_F32, 1e-5, 2, 24);
-    check_against_cpu(&mb, "bf16ckpt", DTYPE_BF16, 3e-2, 2, 24);
+    for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
+        check_against_cpu(&mb, be, "bf16ckpt", DTYPE_F32, 1e-5, 2, 24);
+        check_against_cpu(&mb, be, "bf16ckpt", DTYPE_BF16, 3e-2, 2, 24);
+    }
     gpt2_model_free(&mb);
     return test_exit_code();
 }
