@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, then `./gpt2 bench` and/or scripts/bench_torch.py, writing
 # JSON, tables and charts under $OUT (or ./bench_out). What runs is chosen by the arguments:
-#   scripts/bench_device.sh smoke           e2e_bench.sh, a quick 124M bench, --kernels --quick, a short torch run
+#   scripts/bench_device.sh smoke           e2e_bench.sh (with --kernels --quick), the 124M bench, a short torch run
 #   scripts/bench_device.sh gpt2 SIZE...    full ./gpt2 bench of each size (+ --kernels), JSON per size
 #   scripts/bench_device.sh torch SIZE      scripts/bench_torch.py at SIZE, then charts of every JSON in $OUT and docs/bench/
 # Needs the headers/libraries that scripts/devkit.sh puts in .devkit (carry it).
@@ -20,13 +20,12 @@ what=${1:-smoke}; shift || true
 case "$what" in
 smoke)
     build || exit 1
-    GPT2_BUILD=build/gpu GPT2_BIN=$PWD/gpt2 GPT2_TMP=/tmp/e2e bash tests/e2e_bench.sh
-    ./gpt2 bench --quick --size 124M --json "$OUT/smoke_124M.json" >"$OUT/smoke_124M.txt" 2>&1; echo "bench rc=$?"
-    ./gpt2 bench --kernels --quick --json "$OUT/kernels_quick.json" >"$OUT/kernels_quick.txt" 2>&1; echo "kernels rc=$?"
-    timeout 200 python3 scripts/bench_torch.py --size 124M --quick --batches 1,8 --prompts 16,1024 \
+    GPT2_BUILD=build/gpu GPT2_BIN=$PWD/gpt2 GPT2_TMP=/tmp/e2e bash tests/e2e_bench.sh 2>&1 | tee "$OUT/e2e_bench.txt"
+    cp /tmp/e2e/e2e_bench/gpu.err "$OUT/e2e_gpu.err" 2>/dev/null
+    ./gpt2 bench --size 124M --json "$OUT/smoke_124M.json" >"$OUT/smoke_124M.txt" 2>&1; echo "bench rc=$?"
+    timeout 240 python3 scripts/bench_torch.py --size 124M --quick --batches 1,8 --prompts 16,1024 --new 32 \
         --json "$OUT/torch_smoke.json" >"$OUT/torch_smoke.txt" 2>&1; echo "torch rc=$?"
-    python3 scripts/plot_bench.py --out "$OUT" "$OUT/smoke_124M.json" "$OUT/torch_smoke.json"
-    tail -n 30 "$OUT/smoke_124M.txt"; tail -n 25 "$OUT/kernels_quick.txt"; tail -n 20 "$OUT/torch_smoke.txt"
+    grep -v "^bench \[" "$OUT/smoke_124M.txt" | tail -n 45; tail -n 25 "$OUT/torch_smoke.txt"
     ;;
 gpt2)
     build || exit 1
