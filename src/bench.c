@@ -810,7 +810,11 @@ int cmd_bench(int argc, char **argv) {
 
     for (int di = 0; di < 2; di++)
         for (int pi = 0; pi < 3; pi++)
-            if ((dtypes & 1 << dorder[di]) && (a.paths & 1 << order[pi])) bench_engine(&b, order[pi], dorder[di]);
+            if ((dtypes & 1 << dorder[di]) && (a.paths & 1 << order[pi])) {
+                bench_engine(&b, order[pi], dorder[di]);
+                // Written after every engine too, so that a run cut short keeps what it measured.
+                if (a.json_path && write_json(&b, a.json_path, &err)) die("%s", err.msg);
+            }
     if (isatty(2)) fputc('\n', stderr);
 
     char commit[64];
