@@ -40,10 +40,10 @@ all)  # one call for everything, each part under its own time limit (JSON is wri
     t0=$(date +%s)
     build || exit 1
     echo "built in $(( $(date +%s) - t0 )) s"
-    timeout 100 ./gpt2 bench --size 124M --json "$OUT/gpt2_124M.json" >"$OUT/gpt2_124M.txt" 2>&1; echo "124M rc=$? at $(( $(date +%s) - t0 )) s"
-    timeout 150 python3 scripts/bench_torch.py --size 124M --quick --json "$OUT/torch_124M.json" >"$OUT/torch_124M.txt" 2>&1
+    timeout 90 ./gpt2 bench --size 124M --json "$OUT/gpt2_124M.json" >"$OUT/gpt2_124M.txt" 2>&1; echo "124M rc=$? at $(( $(date +%s) - t0 )) s"
+    timeout 120 python3 scripts/bench_torch.py --size 124M --quick --json "$OUT/torch_124M.json" >"$OUT/torch_124M.txt" 2>&1
     echo "torch rc=$? at $(( $(date +%s) - t0 )) s"
-    timeout 150 ./gpt2 bench --size 1558M --warmup 1 --json "$OUT/gpt2_1558M.json" >"$OUT/gpt2_1558M.txt" 2>&1; echo "1558M rc=$? at $(( $(date +%s) - t0 )) s"
+    timeout 170 ./gpt2 bench --size 1558M --warmup 1 --json "$OUT/gpt2_1558M.json" >"$OUT/gpt2_1558M.txt" 2>&1; echo "1558M rc=$? at $(( $(date +%s) - t0 )) s"
     timeout 40 ./gpt2 bench --kernels --quick --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1; echo "kernels rc=$? at $(( $(date +%s) - t0 )) s"
     for f in gpt2_124M gpt2_1558M; do grep -v "^bench \[" "$OUT/$f.txt" | grep -v "^check" | tail -n 40; done
     tail -n 12 "$OUT/torch_124M.txt"; tail -n 40 "$OUT/kernels.txt"
