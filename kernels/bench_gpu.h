@@ -4,11 +4,6 @@
 // unfused reference ops at GPT-2's shapes.
 #pragma once
 
-// common.h is C11; C++ (nvcc) has no _Noreturn keyword, GCC's attribute says the same thing.
-#if defined(__cplusplus) && !defined(_Noreturn)
-#define _Noreturn __attribute__((noreturn))
-#endif
-
 #include "model.h"
 
 #ifdef __cplusplus

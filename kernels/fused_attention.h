@@ -19,11 +19,6 @@
 // Nothing is allocated per call, no host synchronisation: capturable in a CUDA graph.
 #pragma once
 
-// common.h is C11; C++ (nvcc) has no _Noreturn keyword, GCC's attribute says the same thing.
-#if defined(__cplusplus) && !defined(_Noreturn)
-#define _Noreturn __attribute__((noreturn))
-#endif
-
 #include <stddef.h>
 #include <cuda_runtime_api.h>
 

@@ -39,10 +39,6 @@
 // for a bad argument, else the launch's.
 #pragma once
 
-#if defined(__cplusplus) && !defined(_Noreturn)
-#define _Noreturn __attribute__((noreturn))
-#endif
-
 #include <cuda_runtime_api.h>
 
 #include "model.h"  // DType

@@ -5,11 +5,6 @@
 // reference ops for BACKEND_GPU_REFERENCE.
 #pragma once
 
-// common.h is C11; C++ (nvcc) has no _Noreturn keyword, GCC's attribute says the same thing.
-#if defined(__cplusplus) && !defined(_Noreturn)
-#define _Noreturn __attribute__((noreturn))
-#endif
-
 #include "engine.h"
 
 #ifdef __cplusplus

@@ -4,10 +4,6 @@
 // Not used by the engine.
 #pragma once
 
-#if defined(__cplusplus) && !defined(_Noreturn)
-#define _Noreturn __attribute__((noreturn))
-#endif
-
 #include <cuda_runtime_api.h>
 
 #include "model.h"  // DType

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <math.h>
 
-_Noreturn void cli_usage_error(const char *fmt, ...) {
+GPT2_NORETURN void cli_usage_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fputs("gpt2: ", stderr);

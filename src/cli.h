@@ -11,4 +11,4 @@ double cli_double(const char *s, const char *flag, double lo, double hi);
 DType cli_dtype(const char *s, const char *flag);
 
 // "gpt2: <message> (see --help)" on stderr, exit status 2.
-GPT2_PRINTF(1, 2) _Noreturn void cli_usage_error(const char *fmt, ...);
+GPT2_PRINTF(1, 2) GPT2_NORETURN void cli_usage_error(const char *fmt, ...);

@@ -17,10 +17,13 @@ typedef struct {
     char msg[512];
 } Error;
 
+// GCC/Clang attributes, spelled so that the CUDA (C++) side can include this header too.
 #if defined(__GNUC__)
 #define GPT2_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#define GPT2_NORETURN __attribute__((noreturn))
 #else
 #define GPT2_PRINTF(fmt, args)
+#define GPT2_NORETURN
 #endif
 
 // Writes the message and returns -1, so that `return fail(err, ...)` reads as one step.
@@ -35,7 +38,7 @@ static inline GPT2_PRINTF(2, 3) int fail(Error *err, const char *fmt, ...) {
 }
 
 // Prints "gpt2: <message>" on stderr and exits with status 1.
-static inline GPT2_PRINTF(1, 2) _Noreturn void die(const char *fmt, ...) {
+static inline GPT2_PRINTF(1, 2) GPT2_NORETURN void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fputs("gpt2: ", stderr);
