@@ -5,8 +5,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,24 +83,16 @@ enum { LLMC_HEADER_INTS = 256, LLMC_MAGIC = 20240326, LLMC_VERSION_F32 = 3, LLMC
 int gpt2_model_load_llmc(GPT2Model *m, const char *path, Error *err) {
     memset(m, 0, sizeof(*m));
     snprintf(m->path, sizeof(m->path), "%s", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return fail(err, "%s: not a regular file", path);
-    }
-    size_t file_bytes = (size_t)st.st_size;
+    MappedFile file;
+    if (mapped_file_open(&file, path, err)) return -1;
     size_t header_bytes = LLMC_HEADER_INTS * sizeof(int32_t);
-    if (file_bytes < header_bytes) {
-        close(fd);
-        return fail(err, "%s: truncated: %zu bytes, shorter than the 1024-byte header", path, file_bytes);
+    if (file.bytes < header_bytes) {
+        fail(err, "%s: truncated: %zu bytes, shorter than the 1024-byte header", path, file.bytes);
+        mapped_file_close(&file);
+        return -1;
     }
-    void *map = mmap(NULL, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) return fail(err, "%s: cannot memory-map: %s", path, strerror(errno));
 
-    const int32_t *h = (const int32_t *)map;
+    const int32_t *h = (const int32_t *)file.data;
     int rc = 0;
     if (h[0] != LLMC_MAGIC) {
         rc = fail(err, "%s: bad magic %d (want %d): not an llm.c GPT-2 checkpoint", path, h[0], LLMC_MAGIC);
@@ -117,17 +107,16 @@ int gpt2_model_load_llmc(GPT2Model *m, const char *path, Error *err) {
     if (rc == 0) {
         gpt2_param_counts(&m->config, m->param_counts, &m->num_parameters);
         size_t want = header_bytes + m->num_parameters * dtype_size(m->dtype);
-        if (file_bytes != want)
+        if (file.bytes != want)
             rc = fail(err, "%s: %s: %zu bytes, but the header's sizes need exactly %zu", path,
-                      file_bytes < want ? "truncated" : "trailing data", file_bytes, want);
+                      file.bytes < want ? "truncated" : "trailing data", file.bytes, want);
     }
     if (rc != 0) {
-        munmap(map, file_bytes);
+        mapped_file_close(&file);
         return rc;
     }
-    m->mapping = map;
-    m->mapped_bytes = file_bytes;
-    m->param_memory = (char *)map + header_bytes;
+    m->file = file;
+    m->param_memory = (char *)file.data + header_bytes;
     gpt2_model_point_params(m);
     return 0;
 }
@@ -164,7 +153,7 @@ int gpt2_model_load(GPT2Model *m, const char *path, Error *err) {
 }
 
 void gpt2_model_free(GPT2Model *m) {
-    if (m->mapping) munmap(m->mapping, m->mapped_bytes);
+    if (m->file.data) mapped_file_close(&m->file);
     else free(m->param_memory);
     memset(m, 0, sizeof(*m));
 }

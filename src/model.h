@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common.h"
+#include "mapped_file.h"
 
 // ----------------------------------------------------------------------------
 // Configuration (llm.c header slots [2..7])
@@ -59,9 +60,7 @@ typedef struct {
     size_t num_parameters;         // sum of param_counts
     void *params[NUM_PARAMS];      // into param_memory, in llm.c's order, contiguous
     void *param_memory;            // num_parameters * dtype_size(dtype) bytes
-    // Where param_memory lives: a read-only file mapping (mapped_bytes > 0) or the heap.
-    void *mapping;
-    size_t mapped_bytes;
+    MappedFile file;               // param_memory lives in this mapping (llm.c .bin), or on the heap
     char path[1024];
 } GPT2Model;
 

@@ -7,9 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -550,30 +548,21 @@ static int read_config_beside(const char *path, GPT2Config *c, Error *err) {
 
 int safetensors_load_gpt2(GPT2Model *m, const char *path, Error *err) {
     memset(m, 0, sizeof(*m));
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return fail(err, "%s: not a regular file", path);
+    MappedFile file;
+    if (mapped_file_open(&file, path, err)) return -1;
+    if (file.bytes < 8) {
+        fail(err, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path, file.bytes);
+        mapped_file_close(&file);
+        return -1;
     }
-    size_t file_bytes = (size_t)st.st_size;
-    if (file_bytes < 8) {
-        close(fd);
-        return fail(err, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path, file_bytes);
-    }
-    void *map = mmap(NULL, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) return fail(err, "%s: cannot memory-map: %s", path, strerror(errno));
-
     GPT2Config config;
     int have_config = read_config_beside(path, &config, err), rc = have_config < 0 ? -1 : 0;
     SafetensorsIndex ix;
-    if (rc == 0) rc = safetensors_parse_header(map, file_bytes, path, &ix, err);
+    if (rc == 0) rc = safetensors_parse_header(file.data, file.bytes, path, &ix, err);
     if (rc == 0) {
         rc = safetensors_gpt2_from_index(m, &ix, have_config == 0 ? &config : NULL, path, err);
         safetensors_index_free(&ix);
     }
-    munmap(map, file_bytes);
+    mapped_file_close(&file);
     return rc;
 }

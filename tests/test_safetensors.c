@@ -218,7 +218,7 @@ static void expect_same(const char *name, const char *path, const GPT2Model *ref
     int same_config = memcmp(&m.config, &want, sizeof(want)) == 0;
     size_t bytes = ref->num_parameters * dtype_size(ref->dtype);
     int same = same_config && m.dtype == ref->dtype && m.num_parameters == ref->num_parameters &&
-               (m.mapping == NULL) == want_heap && memcmp(m.param_memory, ref->param_memory, bytes) == 0;
+               (m.file.data == NULL) == want_heap && memcmp(m.param_memory, ref->param_memory, bytes) == 0;
     size_t first_diff = 0;
     while (same_config && m.dtype == ref->dtype && first_diff < bytes &&
            ((char *)m.param_memory)[first_diff] == ((char *)ref->param_memory)[first_diff])
