@@ -35,4 +35,12 @@ expect_error generate_bad_top_p "--top-p" g --top-p 1.5
 expect_error generate_unknown_flag "unknown argument '--frobnicate'" g --frobnicate
 expect_error generate_missing_model "make download" "$GPT2_BIN" -m "$dir/nope.bin" -p hi
 expect_error generate_bad_dtype "--dtype: 'fp64'" g --dtype fp64
+
+# Without a GPU the default runs on the CPU with a one-line note; --gpu makes that an error.
+if ! have_gpu; then
+    note=$("$GPT2_BIN" -m "$m" -p "Hi" -n 2 --temp 0 2>&1 >/dev/null)
+    echo "$note" | grep -q "no usable GPU (.*); running on the CPU"; check generate_cpu_fallback_note $? "$note"
+    expect_error generate_gpu_flag_without_gpu "no usable GPU" "$GPT2_BIN" -m "$m" -p "Hi" --gpu
+    expect_error generate_reference_without_gpu "no usable GPU" "$GPT2_BIN" -m "$m" -p "Hi" --reference
+fi
 exit 0
