@@ -30,7 +30,7 @@ def size_name(model):
 
 
 def label(engine, path, dtype):
-    return f"{engine} {path} {dtype}" if engine == "gpt2.c" else f"{path} {dtype}"
+    return f"{engine} {path} {dtype}"
 
 
 def plot(series, xkey, ykey, xlabel, ylabel, title, out):
@@ -87,10 +87,15 @@ def main():
                     decode.setdefault(key, []).append((r["batch"], r["tok_s"]))
                 elif r["phase"] == "prefill" and r["ms"]:
                     prefill.setdefault(key, []).append((r["prompt_len"], r["ms"]))
-        new = next((r["new_tokens"] for d in docs for r in d["results"] if r["phase"] == "decode"), 0)
+        news = {}  # engine -> new tokens per decode run
+        for d in docs:
+            for r in d["results"]:
+                if r["phase"] == "decode":
+                    news.setdefault(d.get("engine", "gpt2.c"), set()).add(r["new_tokens"])
+        new = ", ".join(f"{e} {'/'.join(map(str, sorted(n)))}" for e, n in sorted(news.items()))
         if decode:
             plot(decode, "batch", "tok_s", "batch (sequences decoded together)", "generated tokens/s",
-                 f"decode: {new} tokens after a 16-token prompt\n{head}", os.path.join(a.out, f"bench_decode_{size}.png"))
+                 f"decode after a 16-token prompt (new tokens: {new})\n{head}", os.path.join(a.out, f"bench_decode_{size}.png"))
         if prefill:
             plot(prefill, "prompt_len", "ms", "prompt length (tokens)", "time to first token (ms)",
                  f"prefill, batch 1\n{head}", os.path.join(a.out, f"bench_prefill_{size}.png"))
