@@ -108,4 +108,4 @@ typedef struct {
 } BlockOps;
 
 extern const BlockOps reference_ops;  // ops_reference.cu
-extern const BlockOps fused_ops;      // ops_fused.cu (issue 5); gpu_engine.cu references it weakly
+extern const BlockOps fused_ops;      // ops_fused.cu

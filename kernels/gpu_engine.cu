@@ -14,9 +14,6 @@
 #include "reference_kernels.h"
 #include "sampling.h"
 
-// The fused table is linked in when kernels/ops_fused.cu exists; until then its address is NULL.
-extern const BlockOps fused_ops __attribute__((weak));
-
 // A decode step captured as a CUDA graph for one batch size and the sampler settings it bakes in;
 // the position, tokens and draws reach it through the staging area.
 typedef struct {
@@ -71,7 +68,6 @@ extern "C" int gpu_available(Error *err) {
     return 1;
 }
 
-extern "C" int gpu_have_fused(void) { return &fused_ops != NULL; }
 
 // ----------------------------------------------------------------------------
 // Upload
@@ -445,13 +441,7 @@ static void gpu_engine_destroy(Engine *e) {
 static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const EngineOptions *opt, Error *err) {
     GpuState *s = &g->s;
     const GPT2Config *c = &m->config;
-    if (opt->backend == BACKEND_GPU_REFERENCE) {
-        g->ops = &reference_ops;
-    } else if (gpu_have_fused()) {
-        g->ops = &fused_ops;
-    } else {
-        return fail(err, "the fused GPU path is not built yet (kernels/ops_fused.cu); use --reference");
-    }
+    g->ops = opt->backend == BACKEND_GPU_REFERENCE ? &reference_ops : &fused_ops;
     s->L = c->num_layers;
     s->C = c->channels;
     s->NH = c->num_heads;

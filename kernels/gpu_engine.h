@@ -15,8 +15,6 @@ extern "C" {
 // message, ...). Cheap enough to call before choosing a backend.
 int gpu_available(Error *err);
 
-// 1 when this build holds the fused op table (kernels/ops_fused.cu), else 0.
-int gpu_have_fused(void);
 
 // Builds a GPU engine: opt->backend BACKEND_GPU (fused) or BACKEND_GPU_REFERENCE, opt->dtype the
 // compute type (an fp32 checkpoint can run as bf16: converted at upload), opt->max_batch and

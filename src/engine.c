@@ -44,15 +44,11 @@ Engine *engine_create(const GPT2Model *model, const EngineOptions *opt, Error *e
     case BACKEND_AUTO:
     default:
         if (!gpu_usable(&why)) {
-            if (opt->require_gpu) return fail(err, "no usable GPU (%s)", why.msg), NULL;
             fprintf(stderr, "gpt2: no usable GPU (%s); running on the CPU\n", why.msg);
             return cpu_engine_create(model, max_batch, max_seq, err);
         }
         EngineOptions gpu = *opt;
-#ifdef GPT2_CUDA
-        // The fused kernels when this build has them, else the reference ops: still the GPU.
-        gpu.backend = gpu_have_fused() ? BACKEND_GPU : BACKEND_GPU_REFERENCE;
-#endif
+        gpu.backend = BACKEND_GPU;  // the fused kernels
         return gpu_create(model, &gpu, err);
     }
 }

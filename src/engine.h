@@ -15,7 +15,6 @@ typedef enum {
 
 typedef struct {
     Backend backend;
-    int require_gpu;  // with BACKEND_AUTO: no usable GPU is an error instead of a fallback
     DType dtype;      // compute type on the GPU; the CPU path always computes in fp32
     int max_batch;    // sequences run side by side
     int max_seq;      // positions the KV cache holds (<= max_seq_len)
