@@ -13,8 +13,8 @@
 // reading each weight once over all SMs), and lose to cuBLAS's GEMMs once the rows make it a
 // matrix product (docs/PERF.md, "Fused LayerNorm + Linear", H200: bf16 768->3072 is 1.56x faster
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64). Past fused_rows() the
-// linear ops run as LayerNorm kernel + cuBLAS + bias/GELU/residual kernels (the reference's
-// pieces), while attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
+// linear ops run as the reference table's LayerNorm kernel + cuBLAS + bias/GELU/residual kernels,
+// while attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
 #include "block_ops.h"
@@ -33,18 +33,11 @@
 // The most rows the fused linear kernels take; more go through cuBLAS (see the header comment).
 static int fused_rows(const GpuState *s) { return s->dtype == DTYPE_BF16 ? 4 : 16; }
 
-// The cuBLAS route of a LayerNorm + Linear: ln = LayerNorm(x rows), scratch = ln @ W^T (fp32).
-static int ln_matmul(GpuState *s, const float *x, int rows, int stride, int offset, const float *w, const float *b,
-                     const void *W, float *y, int N, Error *err) {
-    CUDA_TRY(layernorm_forward(s->ln, x, w, b, rows, s->C, stride, offset, s->dtype, s->stream));
-    CUBLAS_TRY(matmul_nt(s->cublas, y, s->ln, W, rows, N, s->C, s->dtype));
-    return 0;
-}
-
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {
-        if (ln_matmul(s, s->x, st->M, 1, 0, ly->ln1w, ly->ln1b, ly->qkvw, s->scratch, 3 * s->C, err)) return -1;
+    if (st->M > fused_rows(s)) {  // the reference's steps, but q kept as rows for the fused attention
+        CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
+        CUBLAS_TRY(matmul_nt(s->cublas, s->scratch, s->ln, ly->qkvw, st->M, 3 * s->C, s->C, s->dtype));
         CUDA_TRY(bias_add(s->scratch, ly->qkvb, st->M, 3 * s->C, s->stream));
         CUDA_TRY(qkv_to_heads(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device, s->NH,
                               s->HS, s->max_seq, 1, s->dtype, s->stream));
@@ -70,47 +63,32 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     return 0;
 }
 
-// x += a @ W^T + b: the fused epilogue for few rows, cuBLAS + the residual kernel for many.
-static int add_linear(GpuState *s, const GpuStep *st, const void *a, const void *W, const float *b, int K,
-                      Error *err) {
-    if (st->M > fused_rows(s)) {
-        CUBLAS_TRY(matmul_nt(s->cublas, s->scratch, a, W, st->M, s->C, K, s->dtype));
-        CUDA_TRY(residual_add_bias(s->x, s->scratch, b, st->M, s->C, s->stream));
-        return 0;
-    }
-    FUSED_TRY(linear_residual(a, W, s->dtype, b, s->x, st->M, s->C, K, s->stream));
+// The ops below take the reference's own steps for many rows (none of them depends on the position).
+static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
+    if (st->M > fused_rows(s)) return reference_ops.attn_out(s, st, l, err);
+    const GpuLayer *ly = &s->layers[l];
+    FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
     return 0;
 }
 
-static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
-    const GpuLayer *ly = &s->layers[l];
-    return add_linear(s, st, s->atty, ly->attprojw, ly->attprojb, s->C, err);
-}
-
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
+    if (st->M > fused_rows(s)) return reference_ops.mlp_in(s, st, l, err);
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {
-        if (ln_matmul(s, s->x, st->M, 1, 0, ly->ln2w, ly->ln2b, ly->fcw, s->scratch, 4 * s->C, err)) return -1;
-        CUDA_TRY(bias_add(s->scratch, ly->fcb, st->M, 4 * s->C, s->stream));
-        CUDA_TRY(gelu_forward(s->h, s->scratch, (size_t)st->M * 4 * s->C, s->dtype, s->stream));
-        return 0;
-    }
     FUSED_TRY(fused_ln_linear(s->x, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, s->dtype, st->M, 4 * s->C,
                               s->C, ACT_GELU, NULL, s->stream));
     return 0;
 }
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
+    if (st->M > fused_rows(s)) return reference_ops.mlp_out(s, st, l, err);
     const GpuLayer *ly = &s->layers[l];
-    return add_linear(s, st, s->h, ly->fcprojw, ly->fcprojb, 4 * s->C, err);
+    FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
+    return 0;
 }
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    if (rows > fused_rows(s)) {
-        const int stride = all_positions ? 1 : st->T, offset = all_positions ? 0 : st->T - 1;
-        return ln_matmul(s, s->x, rows, stride, offset, s->lnfw, s->lnfb, s->wte, s->logits, s->V, err);
-    }
+    if (rows > fused_rows(s)) return reference_ops.logits(s, st, all_positions, err);
     const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
     const long long ldx = all_positions ? s->C : (long long)st->T * s->C;
     FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->V, DTYPE_F32,

@@ -1,6 +1,7 @@
 // The reference op table: every op a separate kernel or cuBLAS call, fp32 accumulation, the
 // layouts cuBLAS likes. Slow on purpose and simple on purpose: it is what the fused kernels
-// (ops_fused.cu) are checked against on the GPU, and it is itself checked against PyTorch.
+// (ops_fused.cu) are checked against on the GPU, and it is itself checked against PyTorch. The
+// fused table also hands its linear ops here when a step has many rows, where cuBLAS wins.
 //
 //   attn_in    LayerNorm -> qkv = ln @ qkvw^T (cuBLAS) -> + bias -> q [B,NH,T,HS], k/v into the cache
 //   attention  S = q K^T (strided batched over B*NH, K read in place from the cache)
