@@ -15,7 +15,6 @@ extern "C" {
 // message, ...). Cheap enough to call before choosing a backend.
 int gpu_available(Error *err);
 
-
 // Builds a GPU engine: opt->backend BACKEND_GPU (fused) or BACKEND_GPU_REFERENCE, opt->dtype the
 // compute type (an fp32 checkpoint can run as bf16: converted at upload), opt->max_batch and
 // opt->max_seq size the KV cache and the activations. Prints the memory it takes on stderr.
