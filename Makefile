@@ -36,7 +36,7 @@ LDFLAGS  := $(OPT) -fopenmp $(EXTRA_LDFLAGS)
 
 HOST_SRC   := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard tokenizer/*.c)
 KERNEL_SRC := $(wildcard kernels/*.cu)
-HEADERS    := $(wildcard src/*.h kernels/*.h tokenizer/*.h)
+HEADERS    := $(wildcard src/*.h kernels/*.h kernels/*.cuh tokenizer/*.h)
 HOST_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(HOST_SRC))
 
 ifeq ($(GPU),1)

@@ -25,6 +25,7 @@
 // maximum; where a stream may start on keys a query cannot see (a decode chunk past pos + t, the
 // second warp group of a prefill block), -inf maxima are kept out of the exponents explicitly.
 #include "fused_attention.h"
+#include "pdl.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -170,6 +171,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q
                                                          unsigned *__restrict__ counters, float *__restrict__ part,
                                                          int pos, const int *__restrict__ pos_device, int NH, int HS,
                                                          int max_seq, int chunk, int splits, float scale_log2) {
+    pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
+    pdl_wait();               // q and the new key/value row come from the kernel before
     if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
     constexpr int VW = 16 / sizeof(E);
     constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
@@ -335,6 +338,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
                                                         int T, int pos, const int *__restrict__ pos_device, int NH,
                                                         int HS, int max_seq, int chunk, int splits, float scale_log2,
                                                         int vec) {
+    pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
+    pdl_wait();               // q and the new key/value row come from the kernel before
     if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
     constexpr int VW = 16 / sizeof(E);
     constexpr int KT = kDecodeKT;
@@ -1089,9 +1094,8 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
-    kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, lay.total, stream>>>(
-        q, kc, vc, out, counters, part, T, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2, vec);
-    return cudaGetLastError();
+    return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), lay.total, stream, q, kc, vc, out,
+                      counters, part, T, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2, (int)vec);
 }
 
 template <typename E, int QIT>
@@ -1105,9 +1109,8 @@ cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, 
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
-    kern<<<dim3((unsigned)sp.splits, NH, B), kThreads, 0, stream>>>(q, kc, vc, out, counters, part, pos, pos_device,
-                                                                    NH, HS, max_seq, sp.chunk, sp.splits, scale_log2);
-    return cudaGetLastError();
+    return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), 0, stream, q, kc, vc, out, counters,
+                      part, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2);
 }
 
 template <typename E>

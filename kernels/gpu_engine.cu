@@ -291,7 +291,8 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (enqueue_model(g, &st, s->tokens, all_positions, profile, ev, trace, user, err)) return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
-    CUDA_TRY(cudaMemcpyAsync(logits, s->logits, rows * s->V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (logits)  // NULL: left on the device (src/engine.h)
+        CUDA_TRY(cudaMemcpyAsync(logits, s->logits, rows * s->V * sizeof(float), cudaMemcpyDeviceToHost, stream));
     MARK();
     CUDA_TRY(cudaStreamSynchronize(stream));
     if (profile) {

@@ -27,6 +27,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
+
 namespace lin {
 
 typedef __nv_bfloat16 bf16;
@@ -167,14 +169,35 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // ----------------------------------------------------------------------------
 // GEMV (decode): M <= MT <= 16 rows.
 //
+// A decode step's GEMVs are small (0.6 to 4.7 MB of bf16 weights for GPT-2 124M: 1 to 4 us at the
+// H200's copy rate) and back to back, so what costs is not the arithmetic but (a) bytes in flight:
+// DRAM needs ~25-30 KB outstanding per SM to run at full rate, and (b) the boundary between
+// kernels: drain, launch, and a DRAM latency before the first weights arrive. So:
+//   - every SM gets an even share of W, and each warp issues its whole first batch of 16-byte
+//     loads (U chunks x NPW rows: up to 8 KB a warp) before it does anything else;
+//   - that first batch is issued before pdl_wait() (kernels/pdl.cuh): the weights do not depend
+//     on the previous kernel, so under programmatic dependent launch they stream in while it
+//     finishes. 256-thread blocks, one per SM, leave room for the next kernel's block beside it;
+//   - when W has few rows and long ones (the MLP projection: 768 rows of 3072), the K range is
+//     split over the KSPLIT warps of a warp group, so that all of an SM's share is in flight at
+//     once instead of one warp walking it batch by batch; the group's partial sums meet in shared
+//     memory.
+//
 // Shared memory: xs[MT][KP] of XT (fp32, or bf16 for a bf16 plain-linear x), KP = K rounded up to
 // one warp chunk (32 lanes x VEC). With fp32 xs and bf16 W (VEC = 8) a lane needs 8 consecutive
 // floats = two 16-byte reads 32 bytes apart from its neighbour's: a 2-way bank conflict. So within
 // each 256-element chunk the first halves of all lanes' 8-groups are stored first, then the second
 // halves (xs_pos), and each of the lane's two reads is conflict-free.
 
-constexpr int GEMV_THREADS = 512;
+constexpr int GEMV_THREADS = 256;
 constexpr int GEMV_WARPS = GEMV_THREADS / 32;
+
+// Shared-memory floats the GEMV needs beside xs: gamma [KP] (LN), the statistics' partial sums
+// [WARPS][MT] and results [3][MT] (LN), and the split-K partials [WARPS][32].
+template <int MT, bool LN>
+constexpr int gemv_extra_floats(int KP) {
+    return (LN ? KP + GEMV_WARPS * MT + 3 * MT : 0) + GEMV_WARPS * 32;
+}
 
 template <typename WT, typename XT>
 __device__ __forceinline__ int xs_pos(int k) {
@@ -258,14 +281,34 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[MT][NPW], const uint4 (&w)
     }
 }
 
+// Sums part[m] over the block; thread m < MT returns row m's total (other threads: 0).
+// red: [GEMV_WARPS][MT] floats of shared memory, free again once the caller's next barrier passes.
+template <int MT>
+__device__ __forceinline__ float block_sum_rows(const float (&part)[MT], float *red, int tid) {
+    const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float v = part[m];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp * MT + m] = v;
+    }
+    __syncthreads();
+    float total = 0.0f;
+    if (tid < MT)
+        for (int w = 0; w < GEMV_WARPS; w++) total += red[w * MT + tid];
+    return total;
+}
+
 // Rows [m0, m0 + MT) ∩ [0, M) of x (row stride ldx) against all N columns. LN: x fp32 and
 // gamma given; the block normalises its rows in shared memory (exact two-pass mean / variance),
-// so the epilogue adds b' only (s unused). Grid: any number of blocks; warp w of block b takes
-// column groups b + gridDim * (w + WARPS * i), so each SM gets an even share whatever N is.
+// so the epilogue adds b' only (s unused).
+// Work: NPW consecutive rows of W form a group; a warp group of ksplit warps takes a group, warp
+// ks of it the ks-th slice of the K chunks. Warp group wg of block b takes groups
+// b + gridDim * (wg + (WARPS / ksplit) * i), so each SM gets an even share whatever N is.
 template <typename WT, typename XT, int MT, int NPW, int U, bool LN>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ gamma, const WT *__restrict__ W,
-            int m0, int M, int N, int K, int KP, Epilogue e) {
+            int m0, int M, int N, int K, int KP, int ksplit, Epilogue e) {
     constexpr int VEC = 16 / sizeof(WT);
     constexpr int CH = 32 * VEC;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -275,23 +318,30 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     const bool vec = (K % VEC) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
     const int ngroups = (N + NPW - 1) / NPW;
     const int nch = KP / CH;
+    const int groups_per_block = GEMV_WARPS / ksplit, wg = warp / ksplit, ks = warp - wg * ksplit;
+    const int per_slice = (nch + ksplit - 1) / ksplit;
+    const int c_begin = min(nch, ks * per_slice), c_end = min(nch, c_begin + per_slice);
+    const int g_step = gridDim.x * groups_per_block;
 
-    // The first W batch is in flight while x is staged and normalised.
-    int g = blockIdx.x + gridDim.x * warp;
+    pdl_launch_dependents();
+    // The first W batch goes out before anything else, and before the wait for the previous kernel.
+    int g = blockIdx.x + gridDim.x * wg;
     uint4 wv[U][NPW];
     auto load_batch = [&](int grp, int c0) {
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int j = 0; j < NPW; j++)
-                wv[u][j] = (c0 + u < nch) ? load_w16<WT>(W, N, K, grp * NPW + j, (c0 + u) * CH + lane * VEC, vec)
-                                          : make_uint4(0, 0, 0, 0);
+                wv[u][j] = (c0 + u < c_end) ? load_w16<WT>(W, N, K, grp * NPW + j, (c0 + u) * CH + lane * VEC, vec)
+                                            : make_uint4(0, 0, 0, 0);
     };
-    if (g < ngroups) load_batch(g, 0);
+    if (g < ngroups) load_batch(g, c_begin);
+    pdl_wait();
 
     // Stage rows (zero past K and past the last row, so padded lanes add nothing), and gamma:
     // 16-byte loads, four in flight per thread before any is stored.
     float *gs = reinterpret_cast<float *>(xs + (size_t)MT * KP);  // LN: gamma [KP]
+    float *split_sums = gs + (LN ? KP + GEMV_WARPS * MT + 3 * MT : 0);  // [WARPS][32]
     {
         constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
         const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
@@ -344,18 +394,10 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
 #pragma unroll
             for (int m = 0; m < MT; m++) part[m] += xsf[m * KP + p] - xsf[m * KP];
         }
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            float v = part[m];
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) red[warp * MT + m] = v;
-        }
-        __syncthreads();
+        float total = block_sum_rows<MT>(part, red, tid);
         if (tid < MT) {
-            float v = 0.0f;
-            for (int w = 0; w < GEMV_WARPS; w++) v += red[w * MT + tid];
-            st[tid] = xsf[tid * KP];  // c
-            st[MT + tid] = v / K;     // dmean
+            st[tid] = xsf[tid * KP];   // c
+            st[MT + tid] = total / K;  // dmean
         }
         __syncthreads();
 #pragma unroll
@@ -368,18 +410,8 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                 part[m] = fmaf(d, d, part[m]);
             }
         }
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            float v = part[m];
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) red[warp * MT + m] = v;
-        }
-        __syncthreads();
-        if (tid < MT) {
-            float v = 0.0f;
-            for (int w = 0; w < GEMV_WARPS; w++) v += red[w * MT + tid];
-            st[2 * MT + tid] = 1.0f / sqrtf(v / K + LN_EPS);
-        }
+        total = block_sum_rows<MT>(part, red, tid);
+        if (tid < MT) st[2 * MT + tid] = 1.0f / sqrtf(total / K + LN_EPS);
         __syncthreads();
         for (int k = tid; k < K; k += GEMV_THREADS) {
             const int p = xs_pos<WT, XT>(k);
@@ -391,20 +423,22 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         __syncthreads();
     }
 
-    for (; g < ngroups; g += gridDim.x * GEMV_WARPS) {
+    // Rounds are block-uniform (the split-K sums meet at __syncthreads); a warp group whose group
+    // is past N idles through its last round.
+    for (int first = blockIdx.x; first < ngroups; first += g_step, g += g_step) {
+        const bool active = g < ngroups;
         float acc[MT][NPW];
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int j = 0; j < NPW; j++) acc[m][j] = 0.0f;
-        for (int c0 = 0; c0 < nch; c0 += U) {
-            if (c0 > 0) load_batch(g, c0);
+        for (int c0 = c_begin; active && c0 < c_end; c0 += U) {
+            if (c0 > c_begin) load_batch(g, c0);
 #pragma unroll
             for (int u = 0; u < U; u++)
-                if (c0 + u < nch) gemv_fma<WT, XT, MT, NPW>(acc, wv[u], xs, KP, (c0 + u) * CH + lane * VEC);
+                if (c0 + u < c_end) gemv_fma<WT, XT, MT, NPW>(acc, wv[u], xs, KP, (c0 + u) * CH + lane * VEC);
         }
-        const int gn = g + gridDim.x * GEMV_WARPS;
-        if (gn < ngroups) load_batch(gn, 0);  // next group's first batch under this one's reduction
+        if (g + g_step < ngroups) load_batch(g + g_step, c_begin);  // next group's first batch under this one's sums
         // Butterfly: every lane ends with every sum; lane i keeps item i and makes the one store
         // (one inlined epilogue, not MT * NPW of them: the unrolled copies overflowed the
         // instruction cache).
@@ -419,10 +453,16 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                 for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
                 mine = (m * NPW + j == lane) ? v : mine;
             }
-        {
-            const int m = lane / NPW, n = g * NPW + lane % NPW;
-            if (lane < MT * NPW && m < rows && n < N) epi_store(e, m0 + m, n, mine);
+        if (ksplit > 1) {  // the group's first warp adds the other slices' sums, in slice order
+            split_sums[warp * 32 + lane] = mine;
+            __syncthreads();
+            if (ks == 0)
+                for (int j = 1; j < ksplit; j++) mine += split_sums[(warp + j) * 32 + lane];
+            __syncthreads();  // split_sums is rewritten next round
         }
+        if (!active || ks != 0) continue;
+        const int m = lane / NPW, n = g * NPW + lane % NPW;
+        if (lane < MT * NPW && m < rows && n < N) epi_store(e, m0 + m, n, mine);
     }
 }
 
@@ -1054,17 +1094,22 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
                                   const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int CH = 32 * (16 / sizeof(WT));
     const int KP = (K + CH - 1) / CH * CH;
-    const int smem = (MT * KP * (int)sizeof(XT)) + (LN ? (KP + GEMV_WARPS * MT + 3 * MT) * 4 : 0);
+    const int smem = MT * KP * (int)sizeof(XT) + gemv_extra_floats<MT, LN>(KP) * 4;
     auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
-    const int ngroups = (N + NPW - 1) / NPW;
+    // Split K while the warps still cover every (group, slice) task in one round: few long rows
+    // (the MLP projection) then have all their loads in flight at once.
+    const int ngroups = (N + NPW - 1) / NPW, nch = KP / CH;
+    int ksplit = 1;
+    while (ksplit < GEMV_WARPS && 2 * ksplit <= nch && (long long)ngroups * 2 * ksplit <= (long long)d.sms * GEMV_WARPS)
+        ksplit *= 2;
     const int grid = ngroups < d.sms ? ngroups : d.sms;
-    for (int m0 = 0; m0 < M; m0 += MT) {
-        kern<<<grid, GEMV_THREADS, smem, stream>>>(x, ldx, gamma, W, m0, M, N, K, KP, e);
-        if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    }
+    for (int m0 = 0; m0 < M; m0 += MT)
+        if ((err = launch_pdl(kern, dim3(grid), dim3(GEMV_THREADS), smem, stream, x, ldx, gamma, W, m0, M, N, K, KP,
+                              ksplit, e)) != cudaSuccess)
+            return err;
     return cudaSuccess;
 }
 
@@ -1075,7 +1120,7 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     const long long row_bytes = (long long)(K + CH - 1) / CH * CH * (long long)sizeof(XT);
     int mt = 1;
     while (mt < 16 && mt < M) mt *= 2;
-    const long long extra = LN ? row_bytes + (GEMV_WARPS * 16 + 48) * 4 : 0;  // gamma, statistics
+    const long long extra = gemv_extra_floats<16, LN>((int)(row_bytes / sizeof(XT))) * 4LL;  // gamma, sums
     while (mt > 1 && mt * row_bytes + extra > d.smem_optin) mt /= 2;
     if (row_bytes + extra > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
     switch (mt) {

@@ -142,6 +142,7 @@ static int cpu_forward(Engine *e, const int *tokens, int B, int T, int pos, floa
     if (B < 1 || B > s->max_batch || T < 1 || pos < 0 || pos + T > s->max_seq)
         return fail(err, "forward: B=%d T=%d at position %d exceeds the engine's batch %d or context %d", B, T, pos,
                     s->max_batch, s->max_seq);
+    if (!logits) return fail(err, "forward: the CPU engine needs a host buffer for the logits");
     for (int i = 0; i < B * T; i++)
         if (tokens[i] < 0 || tokens[i] >= V) return fail(err, "forward: token id %d outside 0..%d", tokens[i], V - 1);
     int rows = B * T;

@@ -31,6 +31,8 @@ struct Engine {
     // Runs B sequences of T new tokens each, at positions [pos, pos + T), appending their keys and
     // values to the cache (positions before pos must be there already). tokens: [B, T].
     // logits (host, fp32): [B, T, V] if all_positions, else [B, V] for each sequence's last token.
+    // A GPU engine also takes NULL: the logits are computed and left on the device (timing a
+    // forward without the host copy, as PyTorch's figures are taken); the CPU engine needs them.
     int (*forward)(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
                    Error *err);
     // One decode step that samples where the logits are (NULL: forward + the host sampler). Feeds

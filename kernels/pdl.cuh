@@ -1,0 +1,74 @@
+// Programmatic dependent launch (PDL, sm_90 and later): overlapping a kernel's start with the end of
+// the kernel before it on the same stream.
+//
+// A decode step is ~60 small kernels in a row (docs/PERF.md, "Engine decode"). Launched plainly,
+// each one starts only after the previous grid has drained and its memory is flushed, and then
+// waits a full DRAM latency for its first weights: a few microseconds per boundary, more than the
+// whole step's weight traffic (~59 us for GPT-2 124M in bf16 on an H200). With PDL the next grid
+// is launched as soon as every block of the current one has called pdl_launch_dependents(); its
+// blocks can issue loads of data no earlier kernel writes (the weights) and must then call
+// pdl_wait(), which returns once the previous grid has completed and its writes are visible.
+//
+// The contract every kernel launched with launch_pdl() keeps:
+//   - before pdl_wait(): read only what no kernel of the step writes (weights, folded LayerNorm
+//     vectors, biases); write nothing;
+//   - every block calls pdl_wait() on every path, even one with no work, so that a grid completes
+//     only after its predecessor has: the chain of waits then orders each kernel after all earlier
+//     ones, not only after its immediate predecessor.
+// pdl_launch_dependents() is only a hint that lets the next grid be scheduled; it never lets the
+// next grid read this one's output early. Kernels call it first thing: one wave of blocks each,
+// so the next grid's blocks fill whatever room is left on each SM.
+//
+// On devices before sm_90 (and where GPT2_PDL=0 is set, to measure what PDL is worth) launch_pdl()
+// is a plain launch and the two device calls compile to nothing or return at once.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// 1 when the current device has PDL (compute capability 9.0 or later) and GPT2_PDL is not "0".
+// Cached per device: it is asked for at every launch.
+static inline int pdl_enabled() {
+    static int cache[16];  // 0 unknown, 1 off, 2 on
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (dev < 16 && cache[dev]) return cache[dev] == 2;
+    int major = 0;
+    const char *env = getenv("GPT2_PDL");
+    const int on = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                   major >= 9 && !(env && strcmp(env, "0") == 0);
+    if (dev < 16) cache[dev] = on ? 2 : 1;
+    return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed,
+// so that the kernel may start while the previous kernel on the stream finishes. Returns the
+// launch's error.
+template <typename... Params, typename... Args>
+static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
