@@ -2,8 +2,9 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [maketest] [sanitize|memcheck|racecheck] [compare] [time]
-# (default: all five; `compare` and `time` use the 124M-shape model that tests/e2e_gpu.sh writes)
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time]
+# (default: all but units, which runs only the GPU unit tests, a subset of maketest; `compare` and
+# `time` use the 124M-shape model that tests/e2e_gpu.sh writes, or a random one when it is absent)
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu/check}
@@ -25,6 +26,12 @@ for s in $steps; do
         make -j16 "${mk[@]}" all $(for t in tests/test_*.c; do echo build/gpu/tests/$(basename $t .c); done) \
             >"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
         grep -i "warning" "$out/build.log" | head -n 20 ;;
+    units)
+        for t in $unit_tests; do
+            build/gpu/tests/$t >"$out/unit_$t.log" 2>&1
+            echo "$t: exit $? | $(grep -c '^PASS' "$out/unit_$t.log") PASS, $(grep -c '^FAIL' "$out/unit_$t.log") FAIL"
+            grep -E "^FAIL" "$out/unit_$t.log" | head -n 5
+        done ;;
     maketest)
         make "${mk[@]}" test >"$out/make_test.log" 2>&1
         grep -E "^(FAIL|SKIP)|^  .*(rel_l2|argmax|greedy)|passed," "$out/make_test.log" ;;
@@ -39,6 +46,11 @@ for s in $steps; do
                     "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
             done
         done ;;
+    compare|time)
+        if [ ! -f "$m" ]; then
+            mkdir -p "$(dirname "$m")"
+            python3 scripts/make_model.py --out "$m" --seed 5 --dtype bf16 >/dev/null
+        fi ;;&
     compare)
         for dt in fp32 bf16; do ./gpt2 compare -m "$m" --dtype $dt -B 2 -T 128 2>&1 | tee -a "$out/compare.log"; done ;;
     time)
@@ -49,7 +61,11 @@ for s in $steps; do
                         grep -E "^(decode:|gpt2:)" | sed "s/^/${path#--} bf16 b=$b $sampling: /"
                 done
             done
-        done 2>&1 | tee "$out/time.log" ;;
+        done 2>&1 | tee "$out/time.log"
+        for b in 1 8; do  # what programmatic dependent launch is worth (kernels/pdl.cuh)
+            GPT2_PDL=0 ./gpt2 -m "$m" --gpu -b $b -n 256 --ignore-eos --temp 0 -p "Hello world" 2>&1 >/dev/null |
+                grep -E "^(decode:|gpt2:)" | sed "s/^/gpu GPT2_PDL=0 bf16 b=$b --temp 0: /"
+        done 2>&1 | tee -a "$out/time.log" ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
