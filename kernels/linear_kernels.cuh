@@ -323,32 +323,19 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     const int c_begin = min(nch, ks * per_slice), c_end = min(nch, c_begin + per_slice);
     const int g_step = gridDim.x * groups_per_block;
 
-    pdl_launch_dependents();
-    // The first W batch goes out before anything else, and before the wait for the previous kernel.
-    int g = blockIdx.x + gridDim.x * wg;
-    uint4 wv[U][NPW];
-    auto load_batch = [&](int grp, int c0) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int j = 0; j < NPW; j++)
-                wv[u][j] = (c0 + u < c_end) ? load_w16<WT>(W, N, K, grp * NPW + j, (c0 + u) * CH + lane * VEC, vec)
-                                            : make_uint4(0, 0, 0, 0);
-    };
-    if (g < ngroups) load_batch(g, c_begin);
-    pdl_wait();
-
-    // Stage rows (zero past K and past the last row, so padded lanes add nothing), and gamma:
-    // 16-byte loads, four in flight per thread before any is stored.
+    // Staging area: "rows" r < MT are x's rows (zero past K and past the last row, so padded lanes
+    // add nothing), r == MT is gamma (LN). 16-byte loads, four in flight per thread before any is
+    // stored.
     float *gs = reinterpret_cast<float *>(xs + (size_t)MT * KP);  // LN: gamma [KP]
     float *split_sums = gs + (LN ? KP + GEMV_WARPS * MT + 3 * MT : 0);  // [WARPS][32]
-    {
-        constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
-        const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
-                          (!LN || (reinterpret_cast<uintptr_t>(gamma) % 16) == 0);
-        const int qpr = KP / XE, total = (MT + (LN ? 1 : 0)) * qpr;  // LN: one more "row" for gamma
+    constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
+    const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
+                      (!LN || (reinterpret_cast<uintptr_t>(gamma) % 16) == 0);
+    const int qpr = KP / XE;
+    auto stage = [&](int r0, int r1) {
         if (xvec) {
-            for (int base = tid; base < total; base += 4 * GEMV_THREADS) {
+            const int total = r1 * qpr;
+            for (int base = r0 * qpr + tid; base < total; base += 4 * GEMV_THREADS) {
                 uint4 v[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
@@ -368,16 +355,45 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                 }
             }
         } else {
-            for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
-                int m = i / KP, k = i - m * KP;
+            for (int i = r0 * KP + tid; i < r1 * KP; i += GEMV_THREADS) {
+                const int m = i / KP, k = i - m * KP;
+                if (m == MT) {
+                    if (k < K) gs[k] = gamma[k];
+                    continue;
+                }
                 float v = (m < rows && k < K) ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
                 if constexpr (sizeof(XT) == 2) xs[(size_t)m * KP + k] = __float2bfloat16_rn(v);
                 else xs[(size_t)m * KP + xs_pos<WT, XT>(k)] = v;
             }
-            if constexpr (LN)
-                for (int k = tid; k < K; k += GEMV_THREADS) gs[k] = gamma[k];
         }
-    }
+    };
+
+    pdl_launch_dependents();
+    // Weights first, before the wait for the previous kernel: this warp's first W batch, gamma,
+    // and the bias of the column this lane will store (lane i < MT * NPW stores item (i / NPW,
+    // i % NPW) of its group).
+    int g = blockIdx.x + gridDim.x * wg;
+    uint4 wv[U][NPW];
+    auto load_batch = [&](int grp, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < NPW; j++)
+                wv[u][j] = (c0 + u < c_end) ? load_w16<WT>(W, N, K, grp * NPW + j, (c0 + u) * CH + lane * VEC, vec)
+                                            : make_uint4(0, 0, 0, 0);
+    };
+    const int store_m = lane / NPW;
+    const bool stores = ks == 0 && lane < MT * NPW && store_m < rows;
+    float bias_n = 0.0f;
+    auto load_bias = [&](int grp) {
+        const int n = grp * NPW + lane % NPW;
+        bias_n = (stores && e.bias && grp < ngroups && n < N) ? __ldg(e.bias + n) : 0.0f;
+    };
+    if (g < ngroups) load_batch(g, c_begin);
+    load_bias(g);
+    if constexpr (LN) stage(MT, MT + 1);
+    pdl_wait();
+    stage(0, MT);
     __syncthreads();
     if constexpr (LN) {
         // Two passes over each row around c = x[0]: x - c is exact for an offset row (Sterbenz),
@@ -423,10 +439,17 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         __syncthreads();
     }
 
+    Epilogue e_nobias = e;  // the bias is added from bias_n
+    e_nobias.bias = nullptr;
     // Rounds are block-uniform (the split-K sums meet at __syncthreads); a warp group whose group
     // is past N idles through its last round.
     for (int first = blockIdx.x; first < ngroups; first += g_step, g += g_step) {
         const bool active = g < ngroups;
+        const int store_n = g * NPW + lane % NPW;
+        // The residual this lane adds to, read now so that the store waits on nothing.
+        const float resid = (e.mode == OUT_RESIDUAL && stores && active && store_n < N)
+                                ? e.residual[(size_t)(m0 + store_m) * e.N + store_n]
+                                : 0.0f;
         float acc[MT][NPW];
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -460,9 +483,12 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                 for (int j = 1; j < ksplit; j++) mine += split_sums[(warp + j) * 32 + lane];
             __syncthreads();  // split_sums is rewritten next round
         }
-        if (!active || ks != 0) continue;
-        const int m = lane / NPW, n = g * NPW + lane % NPW;
-        if (lane < MT * NPW && m < rows && n < N) epi_store(e, m0 + m, n, mine);
+        if (stores && active && store_n < N) {
+            const float v = mine + bias_n;
+            if (e.mode == OUT_RESIDUAL) e.residual[(size_t)(m0 + store_m) * e.N + store_n] = resid + v;
+            else epi_store(e_nobias, m0 + store_m, store_n, v);
+        }
+        load_bias(g + g_step);
     }
 }
 
@@ -1105,7 +1131,11 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
     int ksplit = 1;
     while (ksplit < GEMV_WARPS && 2 * ksplit <= nch && (long long)ngroups * 2 * ksplit <= (long long)d.sms * GEMV_WARPS)
         ksplit *= 2;
-    const int grid = ngroups < d.sms ? ngroups : d.sms;
+    // One block per SM leaves room for the next kernel's block (PDL); a W of many rows (the logits:
+    // 12,565 groups) streams through many rounds instead, and a second block per SM doubles its
+    // loads in flight.
+    int grid = ngroups < d.sms ? ngroups : d.sms;
+    if ((long long)ngroups >= 4LL * d.sms * GEMV_WARPS) grid = 2 * d.sms;
     for (int m0 = 0; m0 < M; m0 += MT)
         if ((err = launch_pdl(kern, dim3(grid), dim3(GEMV_THREADS), smem, stream, x, ldx, gamma, W, m0, M, N, K, KP,
                               ksplit, e)) != cudaSuccess)
