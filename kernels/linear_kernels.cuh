@@ -392,6 +392,12 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     if (g < ngroups) load_batch(g, c_begin);
     load_bias(g);
     if constexpr (LN) stage(MT, MT + 1);
+    Epilogue e_nobias = e;  // the bias is added from bias_n
+    e_nobias.bias = nullptr;
+    if (e.pos_dev) {  // a decode graph's position: its host-to-device copy precedes the step's first kernel
+        e_nobias.pos = __ldg(e.pos_dev);
+        e_nobias.pos_dev = nullptr;
+    }
     pdl_wait();
     stage(0, MT);
     __syncthreads();
@@ -439,8 +445,6 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         __syncthreads();
     }
 
-    Epilogue e_nobias = e;  // the bias is added from bias_n
-    e_nobias.bias = nullptr;
     // Rounds are block-uniform (the split-K sums meet at __syncthreads); a warp group whose group
     // is past N idles through its last round.
     for (int first = blockIdx.x; first < ngroups; first += g_step, g += g_step) {
