@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_engine.h"
+#include "matmul_lt.h"
 
 // One layer's parameters on the device. Matrices in the compute dtype (a `void *` that is float or
 // __nv_bfloat16); LayerNorm gamma/beta and biases always fp32.
@@ -53,6 +54,7 @@ typedef struct GpuState {
     DType dtype;                    // compute dtype of matrices, cache, ln/atty/h buffers
     cudaStream_t stream;            // every op runs on this stream
     cublasHandle_t cublas;          // bound to stream; fp32: CUBLAS_DEFAULT_MATH (no TF32)
+    MatmulLt *lt;                   // cuBLASLt GEMMs with epilogues: the fused table's many-row linear ops
 
     // Weights
     const void *wte;             // [Vp, C] dtype, tied to the logits

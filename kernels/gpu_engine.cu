@@ -426,6 +426,7 @@ static void gpu_engine_destroy(Engine *e) {
         if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
+        matmul_lt_free(g->s.lt);
         if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
         if (g->cublas_workspace) CUDA_WARN(cudaFree(g->cublas_workspace));
         if (g->acts) CUDA_WARN(cudaFree(g->acts));
@@ -467,6 +468,8 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     // cuBLAS's own workspace, set up front: a call captured into a decode graph must not allocate.
     if (gpu_alloc(&g->cublas_workspace, kCublasWorkspaceBytes, "the cuBLAS workspace", err)) return -1;
     CUBLAS_TRY(cublasSetWorkspace(s->cublas, g->cublas_workspace, kCublasWorkspaceBytes));
+    // cuBLASLt, with a workspace of its own, for the fused table's many-row linear ops.
+    if (!(s->lt = matmul_lt_create(kCublasWorkspaceBytes, err))) return -1;
 
     if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
     size_t io_bytes = (1 + 3 * (size_t)s->max_batch) * sizeof(int);

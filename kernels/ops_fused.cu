@@ -13,8 +13,17 @@
 // reading each weight once over all SMs), and lose to cuBLAS's GEMMs once the rows make it a
 // matrix product (docs/PERF.md, "Fused LayerNorm + Linear", H200: bf16 768->3072 is 1.56x faster
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64). Past fused_rows() the
-// linear ops run as the reference table's LayerNorm kernel + cuBLAS + bias/GELU/residual kernels,
-// while attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
+// linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the bias and the residual add in
+// their epilogue (kernels/matmul_lt.h): nine launches per block with the fused attention, where
+// the reference table's linear steps (cuBLAS, then bias, GELU and residual kernels) took thirteen:
+//   attn_in    LayerNorm -> qkv + bias (fp32 scratch) -> qkv_to_heads: q rows, k/v into the cache
+//   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual)
+//   mlp_in     LayerNorm -> fc + bias (fp32 scratch) -> GELU pass into h
+//   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
+//   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T
+// The bias epilogue writes fp32 (cuBLASLt documents an fp32 bias only with an fp32 output) and
+// GELU stays a pass of its own (cuBLASLt does not document which GELU it computes): matmul_lt.h.
+// Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
 #include "block_ops.h"
@@ -30,15 +39,15 @@
         if (e_ != 0) return cuda_fail(err, (cudaError_t)e_, #call, __FILE__, __LINE__);         \
     } while (0)
 
-// The most rows the fused linear kernels take; more go through cuBLAS (see the header comment).
+// The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
 static int fused_rows(const GpuState *s) { return s->dtype == DTYPE_BF16 ? 4 : 16; }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {  // the reference's steps, but q kept as rows for the fused attention
+    if (st->M > fused_rows(s)) {  // q kept as rows for the fused attention
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        CUBLAS_TRY(matmul_nt(s->cublas, s->scratch, s->ln, ly->qkvw, st->M, 3 * s->C, s->C, s->dtype));
-        CUDA_TRY(bias_add(s->scratch, ly->qkvb, st->M, 3 * s->C, s->stream));
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, DTYPE_F32, s->ln, ly->qkvw, s->dtype, ly->qkvb, st->M,
+                             3 * s->C, s->C, NULL, s->stream));
         CUDA_TRY(qkv_to_heads(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device, s->NH,
                               s->HS, s->max_seq, 1, s->dtype, s->stream));
         return 0;
@@ -63,32 +72,51 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     return 0;
 }
 
-// The ops below take the reference's own steps for many rows (none of them depends on the position).
+// None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
-    if (st->M > fused_rows(s)) return reference_ops.attn_out(s, st, l, err);
     const GpuLayer *ly = &s->layers[l];
+    if (st->M > fused_rows(s)) {
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, DTYPE_F32, s->atty, ly->attprojw, s->dtype,
+                             ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
+        return 0;
+    }
     FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
     return 0;
 }
 
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
-    if (st->M > fused_rows(s)) return reference_ops.mlp_in(s, st, l, err);
     const GpuLayer *ly = &s->layers[l];
+    if (st->M > fused_rows(s)) {
+        CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, s->dtype, s->ln, ly->fcw, s->dtype, ly->fcb, st->M,
+                             4 * s->C, s->C, s->scratch, s->stream));
+        return 0;
+    }
     FUSED_TRY(fused_ln_linear(s->x, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, s->dtype, st->M, 4 * s->C,
                               s->C, ACT_GELU, NULL, s->stream));
     return 0;
 }
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
-    if (st->M > fused_rows(s)) return reference_ops.mlp_out(s, st, l, err);
     const GpuLayer *ly = &s->layers[l];
+    if (st->M > fused_rows(s)) {
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, DTYPE_F32, s->h, ly->fcprojw, s->dtype,
+                             ly->fcprojb, st->M, s->C, 4 * s->C, NULL, s->stream));
+        return 0;
+    }
     FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
     return 0;
 }
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    if (rows > fused_rows(s)) return reference_ops.logits(s, st, all_positions, err);
+    if (rows > fused_rows(s)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
+        CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
+                                   all_positions ? 0 : st->T - 1, s->dtype, s->stream));
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_NONE, s->logits, DTYPE_F32, s->ln, s->wte, s->dtype, NULL, rows, s->V,
+                             s->C, NULL, s->stream));
+        return 0;
+    }
     const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
     const long long ldx = all_positions ? s->C : (long long)st->T * s->C;
     FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->V, DTYPE_F32,
@@ -98,7 +126,7 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
 
 const BlockOps fused_ops = {
     .name = "gpu",
-    .unfused_buffers = 1,  // ln and scratch for the cuBLAS route of many rows
+    .unfused_buffers = 1,  // ln and scratch for the cuBLASLt route of many rows
     .score_buffers = 0,
     .device_position = 1,
     .workspace_bytes = fused_workspace_bytes,

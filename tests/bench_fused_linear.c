@@ -7,6 +7,11 @@
 // fc) and K=1024 -> N=4096 (the seed post's), M in {1, 16, 64, 512, 4096}, fp32 and bf16. Also
 // linear_residual against cuBLAS + a residual-add kernel at GPT-2's two projections.
 //
+// The engine's route for many rows beside them (kernels/matmul_lt.h): "LN + cuBLASLt epilogue" is the
+// same LayerNorm kernel, then cuBLASLt's GEMM with the bias in its epilogue (fp32 out) and one GELU
+// pass to the output dtype; for the projections, one cuBLASLt GEMM adding bias and product into the
+// fp32 residual (beta = 1).
+//
 // Every variant is validated against the baseline before it is timed. Timing: CUDA events, 5
 // warm-ups, then (a) "eager": one event pair per call, median of 30, host launches included as the
 // GPU sees them; (b) "graph": 20 calls captured in a CUDA graph, median of 21 replays / 20. Input
@@ -26,6 +31,7 @@
 
 #include "fused_ln_linear.h"
 #include "linear_residual.h"
+#include "matmul_lt.h"
 #include "unfused_baseline.h"
 
 #define CK(call)                                                                                      \
@@ -56,6 +62,7 @@ static float median(float *v, int n) {
 
 static cudaStream_t stream;
 static cublasHandle_t cublas;
+static MatmulLt *lt;
 static cudaEvent_t ev0, ev1;
 static int l2_bytes;
 
@@ -112,6 +119,7 @@ typedef struct {
     float *gamma, *beta, *bias, *s, *b2;
     void *xn;    // baseline LayerNorm output, dt [M, K]
     void *y;     // dt [M, N]
+    float *scratch;  // the cuBLASLt route's fp32 product + bias [M, N]
     LinearPath path;
     int gemm_only;
 } LnBench;
@@ -120,6 +128,13 @@ static void enqueue_fused(void *p, int set) {
     LnBench *b = p;
     CK(fused_ln_linear_ex(b->x[set], b->K, b->gamma, b->W[set], b->dt, b->s, b->b2, b->y, b->N, b->dt, b->M, b->N,
                           b->K, ACT_GELU, NULL, b->path, stream));
+}
+
+static void enqueue_lt(void *p, int set) {
+    LnBench *b = p;
+    CK(baseline_layernorm(b->xn, b->x[set], b->gamma, b->beta, b->M, b->K, b->dt, stream));
+    CB(matmul_lt(lt, MATMUL_LT_BIAS_GELU, b->y, b->dt, b->xn, b->W[set], b->dt, b->bias, b->M, b->N, b->K, b->scratch,
+                 stream));
 }
 
 static void cublas_gemm(const void *W, const void *x, void *y, int M, int N, int K, DType dt) {
@@ -183,6 +198,20 @@ static void *upload_w(const float *w, size_t n, DType dt) {
 
 static double copy_gbps;
 
+// Runs fn on set 0 over a poisoned output and compares with ref; says why when it is off.
+static int validated(EnqueueFn fn, LnBench *b, const float *ref, double tol, const char *what) {
+    const size_t n = (size_t)b->M * b->N;
+    CK(cudaMemsetAsync(b->y, 0xff, n * dtype_size(b->dt), stream));
+    fn(b, 0);
+    float *out = fetch(b->y, n, b->dt);
+    const double e = rel_l2(out, ref, n);
+    free(out);
+    if (!(e <= tol))
+        printf("INVALID %s K=%d N=%d M=%d %s: rel_l2 %.3g vs baseline (tol %.0e): not timed\n", dtype_name(b->dt),
+               b->K, b->N, b->M, what, e, tol);
+    return e <= tol;
+}
+
 static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     LnBench b = {0};
     b.M = M, b.N = N, b.K = K, b.dt = dt;
@@ -222,6 +251,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     CK(cudaMemcpy(b.b2, hb2, N * 4, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&b.xn, (size_t)M * K * dtype_size(dt)));
     CK(cudaMalloc(&b.y, (size_t)M * N * dtype_size(dt)));
+    CK(cudaMalloc((void **)&b.scratch, (size_t)M * N * sizeof(float)));
 
     // Baseline on set 0 is the reference.
     enqueue_unfused(&b, 0);
@@ -239,19 +269,12 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
         if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && M < 16) continue;
         if (paths[p] == LINEAR_PATH_TILED_XS && M > 512) continue;
         b.path = paths[p];
-        CK(cudaMemset(b.y, 0xff, (size_t)M * N * dtype_size(dt)));
-        enqueue_fused(&b, 0);
-        float *out = fetch(b.y, (size_t)M * N, dt);
-        double e = rel_l2(out, ref, (size_t)M * N);
-        free(out);
-        if (!(e <= tol)) {
-            printf("INVALID %s K=%d N=%d M=%d %s: rel_l2 %.3g vs baseline (tol %.0e): not timed\n", dtype_name(dt), K,
-                   N, M, pname[p], e, tol);
-            continue;
-        }
+        if (!validated(enqueue_fused, &b, ref, tol, pname[p])) continue;
         tf[p] = time_it(enqueue_fused, &b, b.nsets);
         ran[p] = 1;
     }
+    const int lt_ok = validated(enqueue_lt, &b, ref, tol, "cuBLASLt");
+    const Timing tl = lt_ok ? time_it(enqueue_lt, &b, b.nsets) : (Timing){-1, -1};
     Timing tb = time_it(enqueue_unfused, &b, b.nsets);
     b.gemm_only = 1;
     Timing tg = time_it(enqueue_unfused, &b, b.nsets);
@@ -268,11 +291,16 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
            best >= 0 ? pname[best] : "-", best >= 0 ? tf[best].graph_us : -1, tb.graph_us, tb.eager_us, tg.graph_us,
            ran[0] ? tb.graph_us / tf[0].graph_us : 0, ran[0] ? bytes / tf[0].graph_us / 1e3 : 0,
            ran[0] ? flops / tf[0].graph_us / 1e6 : 0);
+    if (lt_ok)
+        printf("%-4s %4d->%-4d M=%-5d | LN + cuBLASLt epilogue %8.2f us (eager %8.2f) | vs unfused %5.2fx | vs fused "
+               "auto %5.2fx | %6.0f GB/s %6.1f TFLOP/s\n",
+               dtype_name(dt), K, N, M, tl.graph_us, tl.eager_us, tb.graph_us / tl.graph_us,
+               ran[0] ? tf[0].graph_us / tl.graph_us : 0, bytes / tl.graph_us / 1e3, flops / tl.graph_us / 1e6);
     if (csv) {
         fprintf(csv, "ln,%s,%d,%d,%d", dtype_name(dt), K, N, M);
         for (int p = 0; p < 6; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
-        fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f\n", tb.graph_us, tb.eager_us, tg.graph_us,
-                tg.eager_us, copy_gbps);
+        fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f,lt,%.3f,%.3f\n", tb.graph_us, tb.eager_us,
+                tg.graph_us, tg.eager_us, copy_gbps, tl.graph_us, tl.eager_us);
         fflush(csv);
     }
     fflush(stdout);
@@ -281,6 +309,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
     free(b.W), free(b.x);
     cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.bias), cudaFree(b.s), cudaFree(b.b2), cudaFree(b.xn), cudaFree(b.y);
+    cudaFree(b.scratch);
 }
 
 // ----------------------------------------------------------------------------
@@ -304,6 +333,21 @@ static void enqueue_res_unfused(void *p, int set) {
     cublas_gemm(b->W[set], b->x[set], b->tmp, b->M, b->N, b->K, b->dt);
     CK(baseline_residual_add(b->res, b->tmp, b->bias, b->M, b->N, b->dt, stream));
 }
+static void enqueue_res_lt(void *p, int set) {
+    ResBench *b = p;
+    CB(matmul_lt(lt, MATMUL_LT_BIAS_RESIDUAL, b->res, DTYPE_F32, b->x[set], b->W[set], b->dt, b->bias, b->M, b->N,
+                 b->K, NULL, stream));
+}
+
+// One call of fn on set 0 from residual = r0: what it added.
+static float *res_delta(EnqueueFn fn, ResBench *b, const float *r0) {
+    const size_t n = (size_t)b->M * b->N;
+    CK(cudaMemcpyAsync(b->res, r0, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+    fn(b, 0);
+    float *d = fetch(b->res, n, DTYPE_F32);
+    for (size_t j = 0; j < n; j++) d[j] -= r0[j];
+    return d;
+}
 
 static void bench_res(int K, int N, DType dt, int M) {
     ResBench b = {0};
@@ -326,28 +370,33 @@ static void bench_res(int K, int N, DType dt, int M) {
     CK(cudaMemcpy(b.bias, hbias, N * 4, cudaMemcpyHostToDevice));
     CK(cudaMalloc((void **)&b.res, (size_t)M * N * 4));
     CK(cudaMalloc(&b.tmp, (size_t)M * N * es));
-    // Validate: one call from hr each way.
-    CK(cudaMemcpy(b.res, hr, (size_t)M * N * 4, cudaMemcpyHostToDevice));
-    enqueue_res_unfused(&b, 0);
-    float *ref = fetch(b.res, (size_t)M * N, DTYPE_F32);
-    CK(cudaMemcpy(b.res, hr, (size_t)M * N * 4, cudaMemcpyHostToDevice));
+    // Validate: one call from hr each way. The bf16 baseline rounds the GEMM output to bf16 before
+    // the add: allow for that.
+    const size_t n = (size_t)M * N;
     b.path = LINEAR_PATH_AUTO;
-    enqueue_res_fused(&b, 0);
-    float *out = fetch(b.res, (size_t)M * N, DTYPE_F32);
-    for (size_t j = 0; j < (size_t)M * N; j++) out[j] -= hr[j], ref[j] -= hr[j];
-    // bf16 baseline rounds the GEMM output to bf16 before the add: allow for that.
-    const double e = rel_l2(out, ref, (size_t)M * N), tol = dt == DTYPE_F32 ? 1e-5 : 1e-2;
-    free(out), free(ref);
+    float *ref = res_delta(enqueue_res_unfused, &b, hr), *out = res_delta(enqueue_res_fused, &b, hr);
+    float *out_lt = res_delta(enqueue_res_lt, &b, hr);
+    const double e = rel_l2(out, ref, n), e_lt = rel_l2(out_lt, ref, n), tol = dt == DTYPE_F32 ? 1e-5 : 1e-2;
+    free(out), free(out_lt), free(ref);
+    const double bytes = (double)wbytes + xbytes + 8.0 * M * N;
+    const Timing tb = time_it(enqueue_res_unfused, &b, b.nsets);
     if (!(e <= tol)) {
         printf("INVALID linear_residual %s K=%d N=%d M=%d: rel_l2 %.3g: not timed\n", dtype_name(dt), K, N, M, e);
     } else {
         Timing tf = time_it(enqueue_res_fused, &b, b.nsets);
-        Timing tb = time_it(enqueue_res_unfused, &b, b.nsets);
-        const double bytes = (double)wbytes + xbytes + 8.0 * M * N;
         printf("res  %-4s %4d->%-4d M=%-5d | fused %8.2f us (eager %8.2f) | cuBLAS + add %8.2f (eager %8.2f) | "
                "speedup %5.2fx | %6.0f GB/s\n",
                dtype_name(dt), K, N, M, tf.graph_us, tf.eager_us, tb.graph_us, tb.eager_us, tb.graph_us / tf.graph_us,
                bytes / tf.graph_us / 1e3);
+    }
+    if (!(e_lt <= tol)) {
+        printf("INVALID cuBLASLt bias+residual %s K=%d N=%d M=%d: rel_l2 %.3g: not timed\n", dtype_name(dt), K, N, M,
+               e_lt);
+    } else {
+        Timing tl = time_it(enqueue_res_lt, &b, b.nsets);
+        printf("res  %-4s %4d->%-4d M=%-5d | cuBLASLt bias+residual epilogue %8.2f us (eager %8.2f) | vs cuBLAS + add "
+               "%5.2fx | %6.0f GB/s\n",
+               dtype_name(dt), K, N, M, tl.graph_us, tl.eager_us, tb.graph_us / tl.graph_us, bytes / tl.graph_us / 1e3);
     }
     fflush(stdout);
     free(hw), free(hx), free(hbias), free(hr);
@@ -374,6 +423,8 @@ int main(int argc, char **argv) {
     void *ws;
     CK(cudaMalloc(&ws, 64 << 20));
     CB(cublasSetWorkspace(cublas, ws, 64 << 20));
+    Error err;
+    if (!(lt = matmul_lt_create((size_t)32 << 20, &err))) die("%s", err.msg);
 
     // Copy bandwidth ceiling.
     {
@@ -415,6 +466,7 @@ int main(int argc, char **argv) {
         for (int d = 1; d >= 0; d--)
             for (int mi = 0; mi < 5; mi++) bench_res(rshapes[si][0], rshapes[si][1], (DType)d, Ms[mi]);
     if (csv) fclose(csv);
+    matmul_lt_free(lt);
     cublasDestroy(cublas);
     cudaFree(ws);
     return 0;

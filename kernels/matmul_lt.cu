@@ -1,0 +1,226 @@
+// cuBLASLt products with their epilogue (kernels/matmul_lt.h says what each computes and why a bias
+// means an fp32 output and GELU a separate pass). Column-major, as cuBLASLt sees llm.c's row-major
+// y[M, N] = x[M, K] W[N, K]^T: D (N x M, ld N) = op(A) B with A = W stored K x N (ld K, transposed)
+// and B = x stored K x M (ld K); the bias runs along D's N rows, one value per output column of y.
+#include <cublasLt.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "matmul_lt.h"
+#include "reference_kernels.h"
+
+// A cuBLAS(Lt) call in a function that returns cuBLAS's status.
+#define LT_TRY(call)                                                \
+    do {                                                            \
+        cublasStatus_t st_ = (call);                                \
+        if (st_ != CUBLAS_STATUS_SUCCESS) return st_;               \
+    } while (0)
+
+// Teardown, where no status can travel: report on stderr and carry on.
+static void warn_failed(cublasStatus_t st, const char *call) {
+    if (st != CUBLAS_STATUS_SUCCESS) fprintf(stderr, "gpt2: matmul_lt: %s: %s\n", call, cublasGetStatusName(st));
+}
+
+// A kernel launch in terms of cuBLAS's statuses, which have no room for the CUDA error itself.
+static cublasStatus_t launched(cudaError_t e) {
+    return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+// ----------------------------------------------------------------------------
+// Plans: one call shape's descriptor, layouts and algorithm
+
+// Everything the heuristic's choice depends on. The alignments are those of this call's buffers:
+// the heuristic assumes 256-byte alignment unless told otherwise, and an algorithm picked for aligned
+// buffers may not run on the weights of a layer that starts mid-allocation (odd model widths).
+// Nine 4-byte fields and no padding, so keys compare with memcmp.
+typedef struct {
+    int M, N, K, dtype;
+    int epilogue;  // NONE, BIAS or BIAS_RESIDUAL: BIAS_GELU runs BIAS's plan
+    uint32_t align_w, align_x, align_y, align_bias;
+} PlanKey;
+
+typedef struct {
+    PlanKey key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t w_layout, x_layout, y_layout;  // y_layout serves C and D (in place)
+    cublasLtMatmulAlgo_t algo;
+    unsigned long long last_use;  // the context's clock at the plan's last call; 0: empty slot
+} Plan;
+
+struct MatmulLt {
+    cublasLtHandle_t handle;
+    cublasLtMatmulPreference_t pref;  // the workspace bound; alignments set per plan
+    void *workspace;
+    size_t workspace_bytes;
+    Plan plans[MATMUL_LT_PLANS];
+    unsigned long long clock;  // calls so far
+    long long heuristic_queries;
+};
+
+// The largest power of two up to 256 dividing the address.
+static uint32_t alignment(const void *p) {
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a) a >>= 1;
+    return a;
+}
+
+static void plan_destroy(Plan *p) {
+    if (p->desc) warn_failed(cublasLtMatmulDescDestroy(p->desc), "cublasLtMatmulDescDestroy");
+    if (p->w_layout) warn_failed(cublasLtMatrixLayoutDestroy(p->w_layout), "cublasLtMatrixLayoutDestroy");
+    if (p->x_layout) warn_failed(cublasLtMatrixLayoutDestroy(p->x_layout), "cublasLtMatrixLayoutDestroy");
+    if (p->y_layout) warn_failed(cublasLtMatrixLayoutDestroy(p->y_layout), "cublasLtMatrixLayoutDestroy");
+    memset(p, 0, sizeof(*p));
+}
+
+// Builds the descriptors for key and asks the heuristic for its best algorithm. bias: any bias of
+// the key's alignment (the heuristic reads the pointer's alignment from the descriptor).
+static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, const float *bias) {
+    const cudaDataType_t operand = key->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, fp32 = CUDA_R_32F;
+    const cublasOperation_t transpose = CUBLAS_OP_T, as_is = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue =
+        key->epilogue == MATMUL_LT_NONE ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
+    // CUBLAS_COMPUTE_32F: fp32 accumulation, and for fp32 operands no TF32 (that is _FAST_TF32).
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &as_is, sizeof(as_is)));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (bias) {  // fp32, D's type: the only bias type documented beside an fp32 D
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof(fp32)));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->w_layout, operand, key->K, key->N, key->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->x_layout, operand, key->K, key->M, key->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->y_layout, fp32, key->N, key->M, key->N));
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        uint32_t bytes;
+    } aligns[] = {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key->align_w},
+                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key->align_x},
+                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key->align_y},
+                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key->align_y}};
+    for (size_t i = 0; i < sizeof(aligns) / sizeof(aligns[0]); i++)
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(lt->pref, aligns[i].attr, &aligns[i].bytes, sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    lt->heuristic_queries++;
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt->handle, p->desc, p->w_layout, p->x_layout, p->y_layout, p->y_layout,
+                                          lt->pref, 1, &found, &count));
+    if (count < 1 || found.state != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_NOT_SUPPORTED;
+    p->algo = found.algo;
+    p->key = *key;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The plan for key: the cached one, or a new one in an empty slot or the least recently used.
+static cublasStatus_t plan_for(MatmulLt *lt, const PlanKey *key, const float *bias, Plan **plan) {
+    Plan *oldest = &lt->plans[0];
+    for (int i = 0; i < MATMUL_LT_PLANS; i++) {
+        Plan *p = &lt->plans[i];
+        if (p->last_use && !memcmp(&p->key, key, sizeof(*key))) {
+            *plan = p;
+            return CUBLAS_STATUS_SUCCESS;
+        }
+        if (p->last_use < oldest->last_use) oldest = p;
+    }
+    plan_destroy(oldest);
+    cublasStatus_t st = plan_create(lt, oldest, key, bias);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        plan_destroy(oldest);
+        return st;
+    }
+    *plan = oldest;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// ----------------------------------------------------------------------------
+// Context
+
+static int lt_init(MatmulLt *lt, size_t workspace_bytes, Error *err) {
+    const uint64_t max_workspace = workspace_bytes;
+    CUBLAS_TRY(cublasLtCreate(&lt->handle));
+    CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&lt->pref));
+    CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(lt->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &max_workspace, sizeof(max_workspace)));
+    if (gpu_alloc(&lt->workspace, workspace_bytes, "the cuBLASLt workspace", err)) return -1;
+    lt->workspace_bytes = workspace_bytes;
+    return 0;
+}
+
+extern "C" MatmulLt *matmul_lt_create(size_t workspace_bytes, Error *err) {
+    MatmulLt *lt = (MatmulLt *)xcalloc(1, sizeof(MatmulLt));
+    if (lt_init(lt, workspace_bytes, err)) {
+        matmul_lt_free(lt);
+        return NULL;
+    }
+    return lt;
+}
+
+extern "C" void matmul_lt_free(MatmulLt *lt) {
+    if (!lt) return;
+    for (int i = 0; i < MATMUL_LT_PLANS; i++) plan_destroy(&lt->plans[i]);
+    if (lt->pref) warn_failed(cublasLtMatmulPreferenceDestroy(lt->pref), "cublasLtMatmulPreferenceDestroy");
+    if (lt->workspace) CUDA_WARN(cudaFree(lt->workspace));
+    if (lt->handle) warn_failed(cublasLtDestroy(lt->handle), "cublasLtDestroy");
+    free(lt);
+}
+
+extern "C" void matmul_lt_stats(const MatmulLt *lt, MatmulLtStats *stats) {
+    stats->calls = (long long)lt->clock;
+    stats->heuristic_queries = lt->heuristic_queries;
+    stats->plans = 0;
+    for (int i = 0; i < MATMUL_LT_PLANS; i++) stats->plans += lt->plans[i].last_use != 0;
+}
+
+// ----------------------------------------------------------------------------
+// Products
+
+// The arguments both routes share; with_scratch: this route's steps pass through scratch.
+static int args_ok(MatmulLtEpilogue epilogue, const void *y, DType ytype, const void *x, const void *W, DType dtype,
+                   const float *bias, int M, int N, int K, const float *scratch, int with_scratch) {
+    if (epilogue < MATMUL_LT_NONE || epilogue > MATMUL_LT_BIAS_GELU) return 0;
+    if (!y || !x || !W || M < 0 || N < 1 || K < 1) return 0;
+    if ((dtype != DTYPE_F32 && dtype != DTYPE_BF16) || (bias == NULL) != (epilogue == MATMUL_LT_NONE)) return 0;
+    if (epilogue == MATMUL_LT_BIAS_GELU ? ytype != DTYPE_F32 && ytype != DTYPE_BF16 : ytype != DTYPE_F32) return 0;
+    return !with_scratch || (scratch && scratch != y);
+}
+
+extern "C" cublasStatus_t matmul_lt(MatmulLt *lt, MatmulLtEpilogue epilogue, void *y, DType ytype, const void *x,
+                                    const void *W, DType dtype, const float *bias, int M, int N, int K,
+                                    float *scratch, cudaStream_t stream) {
+    const int gelu = epilogue == MATMUL_LT_BIAS_GELU;
+    if (!lt || !args_ok(epilogue, y, ytype, x, W, dtype, bias, M, N, K, scratch, gelu))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (M == 0) return CUBLAS_STATUS_SUCCESS;
+    float *d = gelu ? scratch : (float *)y;  // the GEMM's C and D
+    const PlanKey key = {M, N, K, (int)dtype, gelu ? (int)MATMUL_LT_BIAS : (int)epilogue,
+                         alignment(W), alignment(x), alignment(d), alignment(bias)};
+    Plan *plan;
+    LT_TRY(plan_for(lt, &key, bias, &plan));
+    plan->last_use = ++lt->clock;
+    // The plan may have been built for another layer's bias (same alignment): this call's goes in.
+    if (bias)
+        LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float one = 1.0f, zero = 0.0f;
+    LT_TRY(cublasLtMatmul(lt->handle, plan->desc, &one, W, plan->w_layout, x, plan->x_layout,
+                          epilogue == MATMUL_LT_BIAS_RESIDUAL ? &one : &zero, d, plan->y_layout, d, plan->y_layout,
+                          &plan->algo, lt->workspace, lt->workspace_bytes, stream));
+    return gelu ? launched(gelu_forward(y, scratch, (size_t)M * N, ytype, stream)) : CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t matmul_lt_unfused(cublasHandle_t cublas, MatmulLtEpilogue epilogue, void *y, DType ytype,
+                                            const void *x, const void *W, DType dtype, const float *bias, int M,
+                                            int N, int K, float *scratch, cudaStream_t stream) {
+    const int with_scratch = epilogue == MATMUL_LT_BIAS_GELU || epilogue == MATMUL_LT_BIAS_RESIDUAL;
+    if (!cublas || !args_ok(epilogue, y, ytype, x, W, dtype, bias, M, N, K, scratch, with_scratch))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (M == 0) return CUBLAS_STATUS_SUCCESS;
+    float *product = with_scratch ? scratch : (float *)y;
+    LT_TRY(matmul_nt(cublas, product, x, W, M, N, K, dtype));
+    if (epilogue == MATMUL_LT_BIAS || epilogue == MATMUL_LT_BIAS_GELU)
+        LT_TRY(launched(bias_add(product, bias, M, N, stream)));
+    if (epilogue == MATMUL_LT_BIAS_RESIDUAL)
+        return launched(residual_add_bias((float *)y, scratch, bias, M, N, stream));
+    if (epilogue == MATMUL_LT_BIAS_GELU) return launched(gelu_forward(y, scratch, (size_t)M * N, ytype, stream));
+    return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,96 @@
+// Linear layers through cuBLASLt with the epilogue inside the GEMM: the fused table's route for many
+// rows (prefill, batched decode), where cuBLAS's tensor-core GEMMs beat our own tiles
+// (kernels/ops_fused.cu says where the crossover is). The reference table runs the same product as
+// cublasGemmEx into fp32 followed by separate bias, GELU and residual kernels; here the bias and
+// the residual add happen in the GEMM's epilogue, so those passes over an fp32 [M, N] product and
+// their launches disappear.
+//
+//   y[M, N] = x[M, K] W[N, K]^T     x, W row-major (llm.c's layout, as matmul_nt), compute dtype:
+//                                   fp32 (true fp32: CUBLAS_COMPUTE_32F, no TF32) or bf16 with
+//                                   fp32 accumulation
+//   MATMUL_LT_NONE           y  = x W^T                   y fp32 (the logits)
+//   MATMUL_LT_BIAS           y  = x W^T + b               y fp32 (the qkv product, before its split)
+//   MATMUL_LT_BIAS_RESIDUAL  y += x W^T + b               y fp32: the residual stream, in place
+//                                                         (beta = 1, C = D = y)
+//   MATMUL_LT_BIAS_GELU      y  = gelu_tanh(x W^T + b)    y fp32 or bf16: the GEMM with its bias
+//                                                         into scratch, then one GELU pass
+// b fp32 [N] in every case.
+//
+// What the cuBLASLt documentation (cublasLt.h, CUDA 13.0) says, and does not say, shapes the API:
+//   - "Bias vector elements are the same type as the elements of output matrix (Dtype) with the
+//     following exceptions": int8 (IMMA) and fp8 kernels (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
+//     Our biases are fp32, so every product with a bias writes fp32 (bf16 A/B, fp32 C/D,
+//     CUBLAS_COMPUTE_32F: the combination cublasGemmEx runs for the reference table). An fp32 bias
+//     beside a bf16 output is not documented, so it is not used: no bias is rounded to bf16, and
+//     nothing depends on a combination a cuBLAS release may reject.
+//   - CUBLASLT_EPILOGUE_GELU(_BIAS): "apply GELU point-wise transform to the results (x:=GELU(x))",
+//     nothing about which GELU (erf, or the tanh approximation GPT-2 uses) nor how exactly a tanh
+//     is evaluated, and fp32 must match the references to 1e-5. So it is not used: BIAS_GELU is
+//     the bias epilogue into an fp32 scratch, then kernels/gelu.cu's pass (the same GELU as the
+//     reference table), which also rounds to bf16 where the output is bf16 (which the bias rule
+//     above would require anyway).
+//
+// A context (MatmulLt) holds the cuBLASLt handle, one preallocated workspace and a cache of plans:
+// the matmul descriptor, the three matrix layouts and the algorithm cuBLASLt's heuristic picked, per
+// (M, N, K, dtype, epilogue, pointer alignments). A call looks its plan up; only the first call of a
+// shape builds one (host work: descriptors and one heuristic query; no device allocation), so every
+// call can be captured in a CUDA graph. The cache keeps the MATMUL_LT_PLANS most recently used plans.
+//
+// Calls return CUBLAS_STATUS_SUCCESS or cuBLAS's status: CUBLAS_STATUS_INVALID_VALUE for a bad
+// argument (nothing launched), CUBLAS_STATUS_NOT_SUPPORTED when the heuristic has no algorithm,
+// CUBLAS_STATUS_EXECUTION_FAILED when a launch of the GELU pass (or of the unfused steps) failed.
+// All pointers are device memory; M = 0 does nothing.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "model.h"  // DType, Error
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    MATMUL_LT_NONE = 0,
+    MATMUL_LT_BIAS = 1,
+    MATMUL_LT_BIAS_RESIDUAL = 2,
+    MATMUL_LT_BIAS_GELU = 3,
+} MatmulLtEpilogue;
+
+enum { MATMUL_LT_PLANS = 64 };  // plans the cache keeps (a prefill length or batch size takes ~5)
+
+typedef struct MatmulLt MatmulLt;
+
+// The cuBLASLt handle and a workspace of workspace_bytes (32 MiB is what NVIDIA advises for
+// Hopper). NULL with a one-line err on failure.
+MatmulLt *matmul_lt_create(size_t workspace_bytes, Error *err);
+// Frees the plans, the workspace and the handle; no work using them may still be queued. NULL: nothing.
+void matmul_lt_free(MatmulLt *lt);
+
+// y = epilogue(x W^T + b) as listed above, enqueued on stream.
+//   y        fp32 [M, N]; for BIAS_GELU ytype [M, N] (ytype is DTYPE_F32 for the other epilogues)
+//   x        dtype [M, K];  W  dtype [N, K];  bias  fp32 [N] (NULL for NONE)
+//   scratch  fp32 [M, N] for BIAS_GELU (not y), else unused (NULL)
+cublasStatus_t matmul_lt(MatmulLt *lt, MatmulLtEpilogue epilogue, void *y, DType ytype, const void *x, const void *W,
+                         DType dtype, const float *bias, int M, int N, int K, float *scratch, cudaStream_t stream);
+
+// The same through the reference table's separate steps: cublasGemmEx into fp32 (matmul_nt), then
+// bias_add, gelu_forward or residual_add_bias (kernels/reference_kernels.h, C++ only): what
+// tests/test_matmul_lt.c checks matmul_lt against. cublas must be bound to stream
+// (cublasSetStream). scratch fp32 [M, N] for BIAS_RESIDUAL and BIAS_GELU.
+cublasStatus_t matmul_lt_unfused(cublasHandle_t cublas, MatmulLtEpilogue epilogue, void *y, DType ytype,
+                                 const void *x, const void *W, DType dtype, const float *bias, int M, int N, int K,
+                                 float *scratch, cudaStream_t stream);
+
+// What the plan cache did, for tests: calls that ran a product, how many of them had to build a
+// plan (a heuristic query), and the plans held now.
+typedef struct {
+    long long calls, heuristic_queries;
+    int plans;
+} MatmulLtStats;
+void matmul_lt_stats(const MatmulLt *lt, MatmulLtStats *stats);
+
+#ifdef __cplusplus
+}
+#endif

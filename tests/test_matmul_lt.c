@@ -1,0 +1,425 @@
+// Tests of kernels/matmul_lt.h, the cuBLASLt products with their epilogue, against the same products
+// through the reference table's separate steps (matmul_lt_unfused: cublasGemmEx into fp32, then
+// bias_add, gelu_forward or residual_add_bias) on the same device inputs, fresh random data every
+// run (the seed is printed; GPT2_TEST_SEED repeats one).
+//
+// Every epilogue in fp32 and bf16 at M in {5, 17, 64, 100, 1024, 4097} and GPT-2's shapes (qkv
+// 768 -> 2304, projections 768 -> 768 and 3072 -> 768, fc 768 -> 3072, logits 768 -> 50257) plus
+// awkward ones (K = 100, N = 1000), every other M with large-magnitude data (x ~ 300, residual ~ 500,
+// bias ~ 10); then buffers off their 256-byte alignment (a layer's weights inside one allocation
+// for odd widths), the plan cache (a repeated call builds no plan; more shapes than it holds evict
+// the least recently used, and an evicted shape comes back right), calls captured in a CUDA graph
+// (their plans built inside the capture, as a decode graph's first step builds them) replayed,
+// and bad arguments.
+//
+// Tolerance: rel_l2 = |lt - unfused| / |unfused| over the output <= 1e-5 fp32, 1e-2 bf16 (both sides
+// multiply the same bf16 operands in fp32; the bf16 GELU output rounds once), plus max |err| <= 50 *
+// tol * rms(unfused) against a single bad element. Outputs are poisoned (NaN) first: every element
+// must be written. The residual epilogue is judged on what it added (y - r0; r0 itself would hide
+// errors), allowing for the fp32 rounding of r0 + delta on each side.
+#include "test.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+
+#if GPT2_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "matmul_lt.h"
+
+static MatmulLt *lt;
+static cublasHandle_t cublas;
+static cudaStream_t stream;
+static int small;  // GPT2_TEST_SMALL: fewer and smaller cases (compute-sanitizer runs)
+
+static const char *epilogue_name[] = {"none", "bias", "bias+residual", "bias+gelu"};
+
+// ----------------------------------------------------------------------------
+// Data and device buffers
+
+static uint64_t seed;
+// Uniform in [-scale, scale): an LCG's top 24 bits (fast enough for the 38 M weights of the logits).
+static void fill(float *a, size_t n, double scale) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        a[i] = (float)(scale * ((double)(seed >> 40) / 8388608.0 - 1.0));
+    }
+}
+
+static int cuda_ok(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 1;
+    printf("FAIL cuda: %s: %s\n", what, cudaGetErrorString(e));
+    test_failures++;
+    return 0;
+}
+
+// A device buffer of `bytes` starting `offset` bytes past a 256-byte boundary; *base is what to free.
+static void *dev_buf(size_t bytes, size_t offset, void **base) {
+    if (!cuda_ok(cudaMalloc(base, bytes + offset + 1), "cudaMalloc")) exit(1);
+    return (char *)*base + offset;
+}
+
+// n floats from the host into p as dt (bf16: rounded to nearest even), in stream order. A copy
+// from pageable memory has read its source when it returns, so b can go at once.
+static void upload(void *p, const float *h, size_t n, DType dt) {
+    if (dt == DTYPE_F32) {
+        cuda_ok(cudaMemcpyAsync(p, h, n * sizeof(float), cudaMemcpyHostToDevice, stream), "upload");
+        return;
+    }
+    uint16_t *b = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) b[i] = float_to_bf16(h[i]);
+    cuda_ok(cudaMemcpyAsync(p, b, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream), "upload");
+    free(b);
+}
+
+// After the stream is synchronized: the work that wrote p is done.
+static float *download(const void *p, size_t n, DType dt) {
+    float *h = xmalloc(n * sizeof(float));
+    if (dt == DTYPE_F32) {
+        cuda_ok(cudaMemcpy(h, p, n * sizeof(float), cudaMemcpyDeviceToHost), "download");
+        return h;
+    }
+    uint16_t *b = xmalloc(n * sizeof(uint16_t));
+    cuda_ok(cudaMemcpy(b, p, n * sizeof(uint16_t), cudaMemcpyDeviceToHost), "download");
+    for (size_t i = 0; i < n; i++) h[i] = bf16_to_float(b[i]);
+    free(b);
+    return h;
+}
+
+typedef struct {
+    double rel_l2, max_rel;  // max_rel: max |err| / rms(ref)
+    long long unwritten;     // non-finite outputs (the poison left in place)
+} Cmp;
+
+static Cmp compare(const float *out, const float *ref, size_t n) {
+    double num = 0, den = 0, maxe = 0;
+    long long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(out[i])) {
+            bad++;
+            continue;
+        }
+        const double d = (double)out[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+        if (fabs(d) > maxe) maxe = fabs(d);
+    }
+    Cmp c = {den > 0 ? sqrt(num / den) : sqrt(num), maxe / (den > 0 ? sqrt(den / (double)n) : 1.0), bad};
+    return c;
+}
+
+// ----------------------------------------------------------------------------
+// One product both ways
+
+typedef struct {
+    MatmulLtEpilogue epilogue;
+    DType dt;
+    int M, N, K;
+    int big;        // large-magnitude data
+    size_t offset;  // W, x, bias and y this many bytes past their 256-byte boundary
+} Case;
+
+// Device inputs and outputs of a case, and the host copies they were made from.
+typedef struct {
+    void *base[6];
+    void *x, *W, *y_lt, *y_ref;
+    float *bias, *scratch;
+    float *h_r0;  // the residual's starting value (BIAS_RESIDUAL), host
+} Bufs;
+
+static DType out_type(const Case *c) { return c->epilogue == MATMUL_LT_BIAS_GELU ? c->dt : DTYPE_F32; }
+
+static void bufs_create(Bufs *b, const Case *c) {
+    const size_t M = c->M, N = c->N, K = c->K, es = dtype_size(c->dt), ys = dtype_size(out_type(c));
+    memset(b, 0, sizeof(*b));
+    float *hx = xmalloc(M * K * sizeof(float)), *hw = xmalloc(N * K * sizeof(float));
+    float *hb = xmalloc(N * sizeof(float));
+    fill(hx, M * K, c->big ? 300.0 : 1.0);
+    fill(hw, N * K, 1.7 / sqrt((double)K));  // x W^T about as large as x
+    fill(hb, N, c->big ? 10.0 : 0.1);
+    b->x = dev_buf(M * K * es, c->offset, &b->base[0]);
+    b->W = dev_buf(N * K * es, c->offset, &b->base[1]);
+    b->bias = dev_buf(N * sizeof(float), c->offset, &b->base[2]);
+    b->y_lt = dev_buf(M * N * ys, c->offset, &b->base[3]);
+    b->y_ref = dev_buf(M * N * ys, c->offset, &b->base[4]);
+    const int scratch = c->epilogue == MATMUL_LT_BIAS_GELU || c->epilogue == MATMUL_LT_BIAS_RESIDUAL;
+    b->scratch = dev_buf(scratch ? M * N * sizeof(float) : 0, 0, &b->base[5]);
+    upload(b->x, hx, M * K, c->dt);
+    upload(b->W, hw, N * K, c->dt);
+    upload(b->bias, hb, N, DTYPE_F32);
+    free(hx), free(hw), free(hb);
+    if (c->epilogue == MATMUL_LT_BIAS_RESIDUAL) {
+        b->h_r0 = xmalloc(M * N * sizeof(float));
+        fill(b->h_r0, M * N, c->big ? 500.0 : 1.0);
+    }
+}
+
+// y to its starting value: the residual, or NaN (every byte 0xff) where the product overwrites it.
+static void bufs_reset(const Bufs *b, const Case *c, void *y) {
+    const size_t n = (size_t)c->M * c->N;
+    if (b->h_r0) upload(y, b->h_r0, n, DTYPE_F32);
+    else cuda_ok(cudaMemsetAsync(y, 0xff, n * dtype_size(out_type(c)), stream), "poison");
+}
+
+static void bufs_free(Bufs *b) {
+    for (int i = 0; i < 6; i++) cudaFree(b->base[i]);
+    free(b->h_r0);
+}
+
+static cublasStatus_t run_lt(const Case *c, const Bufs *b, void *y) {
+    return matmul_lt(lt, c->epilogue, y, out_type(c), b->x, b->W, c->dt,
+                     c->epilogue == MATMUL_LT_NONE ? NULL : b->bias, c->M, c->N, c->K, b->scratch, stream);
+}
+
+static cublasStatus_t run_unfused(const Case *c, const Bufs *b) {
+    return matmul_lt_unfused(cublas, c->epilogue, b->y_ref, out_type(c), b->x, b->W, c->dt,
+                             c->epilogue == MATMUL_LT_NONE ? NULL : b->bias, c->M, c->N, c->K, b->scratch, stream);
+}
+
+// The unfused result, downloaded (the residual's delta for BIAS_RESIDUAL).
+static float *unfused_result(const Case *c, const Bufs *b, cublasStatus_t *st) {
+    bufs_reset(b, c, b->y_ref);
+    *st = run_unfused(c, b);
+    cuda_ok(cudaStreamSynchronize(stream), "unfused");
+    float *ref = download(b->y_ref, (size_t)c->M * c->N, out_type(c));
+    if (b->h_r0)
+        for (size_t i = 0; i < (size_t)c->M * c->N; i++) ref[i] -= b->h_r0[i];
+    return ref;
+}
+
+// Judges out (downloaded from y_lt; made a delta here for BIAS_RESIDUAL) against ref.
+static int judge(const char *name, const Case *c, const Bufs *b, float *out, const float *ref) {
+    const size_t n = (size_t)c->M * c->N;
+    double tol = c->dt == DTYPE_F32 ? 1e-5 : 1e-2;
+    if (b->h_r0) {  // both sides round r0 + delta in fp32 once or twice
+        double rr = 0, rd = 0;
+        for (size_t i = 0; i < n; i++) {
+            out[i] -= b->h_r0[i];
+            rr += (double)b->h_r0[i] * b->h_r0[i], rd += (double)ref[i] * ref[i];
+        }
+        tol += 2.4e-7 * sqrt(rr / (rd > 0 ? rd : 1));
+    }
+    Cmp cm = compare(out, ref, n);
+    int ok = cm.unwritten == 0 && cm.rel_l2 <= tol && cm.max_rel <= 50 * tol;
+    CHECK(ok, name, "unwritten=%lld rel_l2=%.3g (tol %.2g) max_rel=%.3g", cm.unwritten, cm.rel_l2, tol, cm.max_rel);
+    if (getenv("GPT2_TEST_VERBOSE")) printf("  %s: rel_l2 %.3g max_rel %.3g\n", name, cm.rel_l2, cm.max_rel);
+    return ok;
+}
+
+static void case_name(char *name, size_t len, const Case *c, const char *what) {
+    snprintf(name, len, "matmul_lt %s %s M=%d N=%d K=%d%s%s%s", dtype_name(c->dt), epilogue_name[c->epilogue], c->M,
+             c->N, c->K, c->big ? " large-magnitude" : "", c->offset ? " misaligned" : "", what);
+}
+
+static void run_case(const Case *c, const char *what) {
+    char name[200];
+    case_name(name, sizeof(name), c, what);
+    Bufs b;
+    bufs_create(&b, c);
+    cublasStatus_t st_ref;
+    float *ref = unfused_result(c, &b, &st_ref);
+    bufs_reset(&b, c, b.y_lt);
+    cublasStatus_t st = run_lt(c, &b, b.y_lt);
+    cuda_ok(cudaStreamSynchronize(stream), name);
+    if (st != CUBLAS_STATUS_SUCCESS || st_ref != CUBLAS_STATUS_SUCCESS) {
+        CHECK(0, name, "matmul_lt: %s, unfused: %s", cublasGetStatusName(st), cublasGetStatusName(st_ref));
+    } else {
+        float *out = download(b.y_lt, (size_t)c->M * c->N, out_type(c));
+        judge(name, c, &b, out, ref);
+        free(out);
+    }
+    free(ref);
+    bufs_free(&b);
+}
+
+// ----------------------------------------------------------------------------
+// The plan cache, graphs, errors
+
+// One small fp32 NONE product of M rows through matmul_lt; its status.
+static cublasStatus_t small_product(float *y, const float *x, const float *W, int M) {
+    return matmul_lt(lt, MATMUL_LT_NONE, y, DTYPE_F32, x, W, DTYPE_F32, NULL, M, 32, 16, NULL, stream);
+}
+
+static void test_cache(void) {
+    const int rows = 2 * MATMUL_LT_PLANS + 1;  // a shape no other check uses
+    void *bx, *bw, *by;
+    float *x = dev_buf((size_t)rows * 16 * sizeof(float), 0, &bx), *W = dev_buf(32 * 16 * sizeof(float), 0, &bw);
+    float *y = dev_buf((size_t)rows * 32 * sizeof(float), 0, &by);
+    cuda_ok(cudaMemsetAsync(x, 0, (size_t)rows * 16 * sizeof(float), stream), "memset");
+    cuda_ok(cudaMemsetAsync(W, 0, 32 * 16 * sizeof(float), stream), "memset");
+
+    MatmulLtStats a, b;
+    cublasStatus_t s1 = small_product(y, x, W, rows);
+    matmul_lt_stats(lt, &a);
+    cublasStatus_t s2 = small_product(y, x, W, rows);
+    matmul_lt_stats(lt, &b);
+    CHECK(s1 == CUBLAS_STATUS_SUCCESS && s2 == CUBLAS_STATUS_SUCCESS && b.calls == a.calls + 1 &&
+              b.heuristic_queries == a.heuristic_queries,
+          "matmul_lt cache: a repeated call builds no plan", "status %s %s, calls %lld -> %lld, queries %lld -> %lld",
+          cublasGetStatusName(s1), cublasGetStatusName(s2), a.calls, b.calls, a.heuristic_queries,
+          b.heuristic_queries);
+
+    // A product, then as many new shapes as the cache holds (it stays full), then the product
+    // again: its plan was the least recently used, so it is built anew, and computes the same.
+    Case c = {MATMUL_LT_BIAS, DTYPE_BF16, 3, 1000, 100, 0, 0};
+    run_case(&c, " before eviction");
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    for (int m = 1; m <= MATMUL_LT_PLANS && st == CUBLAS_STATUS_SUCCESS; m++) st = small_product(y, x, W, m);
+    matmul_lt_stats(lt, &a);
+    run_case(&c, " after eviction");
+    matmul_lt_stats(lt, &b);
+    CHECK(st == CUBLAS_STATUS_SUCCESS && a.plans == MATMUL_LT_PLANS && b.plans == MATMUL_LT_PLANS &&
+              b.heuristic_queries == a.heuristic_queries + 1,
+          "matmul_lt cache: the least recently used plan is evicted",
+          "status %s, plans %d %d (capacity %d), queries %lld -> %lld", cublasGetStatusName(st), a.plans, b.plans,
+          MATMUL_LT_PLANS, a.heuristic_queries, b.heuristic_queries);
+    cudaFree(bx), cudaFree(bw), cudaFree(by);
+}
+
+// The product captured in a CUDA graph with its plan built inside the capture, replayed, against
+// the same call made eagerly afterwards (the plan now cached): the same bits. Then both against
+// the unfused steps.
+static void test_graph(MatmulLtEpilogue epilogue, DType dt) {
+    Case c = {epilogue, dt, 77 + (int)epilogue, 384, 256, 0, 0};
+    char name[200];
+    case_name(name, sizeof(name), &c, " graph replay");
+    Bufs b;
+    bufs_create(&b, &c);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
+    if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) {
+        st = run_lt(&c, &b, b.y_lt);
+        if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture"))
+            cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    }
+    const size_t n = (size_t)c.M * c.N;
+    float *replayed = NULL, *eager = NULL;
+    if (exec && st == CUBLAS_STATUS_SUCCESS) {
+        bufs_reset(&b, &c, b.y_lt);
+        cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+        cuda_ok(cudaStreamSynchronize(stream), name);
+        replayed = download(b.y_lt, n, out_type(&c));
+        bufs_reset(&b, &c, b.y_lt);
+        st = run_lt(&c, &b, b.y_lt);
+        cuda_ok(cudaStreamSynchronize(stream), name);
+        eager = download(b.y_lt, n, out_type(&c));
+    }
+    if (!replayed || st != CUBLAS_STATUS_SUCCESS) {
+        CHECK(0, name, "capture or call failed: %s", cublasGetStatusName(st));
+    } else {
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) differ += memcmp(&replayed[i], &eager[i], sizeof(float)) != 0;
+        CHECK(differ == 0, name, "%zu of %zu elements differ between the replay and the eager call", differ, n);
+        cublasStatus_t st_ref;
+        float *ref = unfused_result(&c, &b, &st_ref);
+        case_name(name, sizeof(name), &c, " graph replay vs unfused");
+        judge(name, &c, &b, replayed, ref);
+        free(ref);
+    }
+    free(replayed), free(eager);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    bufs_free(&b);
+}
+
+// Bad arguments come back as CUBLAS_STATUS_INVALID_VALUE with nothing launched; M = 0 does nothing.
+static void test_bad_args(void) {
+    void *base;
+    float *d = dev_buf(4096, 0, &base);
+    const cublasStatus_t inv = CUBLAS_STATUS_INVALID_VALUE;
+    cublasStatus_t e[7] = {
+        matmul_lt(lt, MATMUL_LT_BIAS, d, DTYPE_F32, d, d, DTYPE_F32, NULL, 4, 4, 4, NULL, stream),  // no bias
+        matmul_lt(lt, MATMUL_LT_BIAS, d, DTYPE_BF16, d, d, DTYPE_BF16, d, 4, 4, 4, NULL, stream),   // bias, bf16 y
+        matmul_lt(lt, MATMUL_LT_BIAS_GELU, d, DTYPE_BF16, d, d, DTYPE_BF16, d, 4, 4, 4, NULL, stream),  // no scratch
+        matmul_lt(lt, MATMUL_LT_NONE, d, DTYPE_F32, d, d, (DType)7, NULL, 4, 4, 4, NULL, stream),
+        matmul_lt(lt, MATMUL_LT_NONE, d, DTYPE_F32, d, d, DTYPE_F32, NULL, 4, 0, 4, NULL, stream),
+        matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, d, DTYPE_F32, d, d, DTYPE_F32, d, 4, 4, 4, NULL, stream),
+        matmul_lt(lt, MATMUL_LT_NONE, d, DTYPE_F32, d, d, DTYPE_F32, NULL, 0, 4, 4, NULL, stream),  // M = 0
+    };
+    CHECK(e[0] == inv && e[1] == inv && e[2] == inv && e[3] == inv && e[4] == inv && e[5] == inv &&
+              e[6] == CUBLAS_STATUS_SUCCESS,
+          "matmul_lt bad arguments", "got %d %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5], e[6]);
+    cudaFree(base);
+
+    Error err = {0};
+    MatmulLt *huge = matmul_lt_create((size_t)1 << 50, &err);
+    CHECK(!huge && strstr(err.msg, "the cuBLASLt workspace"), "matmul_lt_create out of memory",
+          "got %s: '%s'", huge ? "a context" : "NULL", err.msg);
+    matmul_lt_free(huge);
+}
+
+int main(void) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        char why[200];
+        snprintf(why, sizeof(why), "no GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        test_skip("test_matmul_lt", why);
+        return 0;
+    }
+    const char *seed_env = getenv("GPT2_TEST_SEED");
+    seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    printf("# test_matmul_lt seed %llu (GPT2_TEST_SEED to repeat)\n", (unsigned long long)seed);
+    small = getenv("GPT2_TEST_SMALL") != NULL;
+
+    Error err = {0};
+    // Non-blocking, as the engine's: inputs are filled in stream order (upload, bufs_reset), and
+    // results read after a stream synchronization.
+    if (!cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream") ||
+        cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS ||
+        !(lt = matmul_lt_create((size_t)32 << 20, &err))) {
+        CHECK(0, "matmul_lt setup", "stream, cuBLAS or matmul_lt_create failed: %s", err.msg);
+        return test_exit_code();
+    }
+
+    static const struct {
+        MatmulLtEpilogue epilogue;
+        int N, K;
+    } shapes[] = {
+        {MATMUL_LT_NONE, 50257, 768},          // the logits
+        {MATMUL_LT_NONE, 1000, 100},
+        {MATMUL_LT_BIAS, 2304, 768},           // qkv
+        {MATMUL_LT_BIAS, 1000, 3072},
+        {MATMUL_LT_BIAS_RESIDUAL, 768, 768},   // attention projection
+        {MATMUL_LT_BIAS_RESIDUAL, 768, 3072},  // MLP projection
+        {MATMUL_LT_BIAS_RESIDUAL, 1000, 100},
+        {MATMUL_LT_BIAS_GELU, 3072, 768},      // fc
+        {MATMUL_LT_BIAS_GELU, 1000, 100},
+    };
+    const int Ms[] = {5, 17, 64, 100, 1024, 4097};
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+            for (int mi = 0; mi < 6; mi++) {
+                if (small && (Ms[mi] > 100 || shapes[si].N > 3072)) continue;
+                Case c = {shapes[si].epilogue, (DType)dt, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0};
+                run_case(&c, "");
+            }
+    // Off their alignment: W, x, bias and y 4 bytes past a 256-byte boundary.
+    for (int dt = 0; dt < 2; dt++)
+        for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++) {
+            Case c = {(MatmulLtEpilogue)ep, (DType)dt, 33, 1000, 100, 0, 4};
+            run_case(&c, "");
+        }
+    test_cache();
+    for (int dt = 0; dt < 2; dt++)
+        for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++) test_graph((MatmulLtEpilogue)ep, (DType)dt);
+    test_bad_args();
+
+    matmul_lt_free(lt);
+    cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+    return test_exit_code();
+}
+
+#else
+
+int main(void) {
+    test_skip("test_matmul_lt", "no GPU (built without CUDA)");
+    return 0;
+}
+
+#endif
