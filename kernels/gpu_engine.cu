@@ -35,6 +35,8 @@ typedef struct {
     // [pos | tokens[max_batch] | draws[max_batch] (float bits) | next[max_batch]], so a step is one
     // copy in and one copy out around the model and the sampler.
     int *io_host, *io_dev;
+    void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
+    size_t sampling_ws_bytes;
     DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
     void *cublas_workspace;             // kCublasWorkspaceBytes, given to cuBLAS at creation
 } GpuEngine;
@@ -324,7 +326,7 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int 
     int unused = 0;
     if (enqueue_model(g, &st, tokens, 0, 0, &unused, NULL, NULL, err)) return -1;
     CUDA_TRY(sample_on_device(s->logits, s->V, s->V, B, smp->temperature, smp->top_k, smp->top_p, draws, next,
-                              stream));
+                              g->sampling_ws, g->sampling_ws_bytes, stream));
     CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, stream));
     return 0;
 }
@@ -424,6 +426,7 @@ static void gpu_engine_destroy(Engine *e) {
         free(g->graphs);
         if (g->io_host) CUDA_WARN(cudaFreeHost(g->io_host));
         if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
+        if (g->sampling_ws) CUDA_WARN(cudaFree(g->sampling_ws));
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
         matmul_lt_free(g->s.lt);
@@ -475,6 +478,9 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     size_t io_bytes = (1 + 3 * (size_t)s->max_batch) * sizeof(int);
     CUDA_TRY(cudaHostAlloc((void **)&g->io_host, io_bytes, cudaHostAllocDefault));
     if (gpu_alloc((void **)&g->io_dev, io_bytes, "the decode staging area", err)) return -1;
+    g->sampling_ws_bytes = sampling_workspace_size(s->max_batch, s->V);
+    if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
+    if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
     g->graphs = (DecodeGraph *)xcalloc((size_t)s->max_batch + 1, sizeof(DecodeGraph));
     CUDA_TRY(cudaStreamSynchronize(s->stream));
 
