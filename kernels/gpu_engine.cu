@@ -374,6 +374,33 @@ static int gpu_decode(Engine *e, const int *tokens, int B, int pos, const Sample
     return 1;
 }
 
+extern "C" int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *ms, Error *err) {
+    if (e->free != gpu_engine_destroy) return 0;
+    GpuEngine *g = (GpuEngine *)e->impl;
+    if (B < 1 || B > g->s.max_batch || reps < 1 || !g->graphs[B].exec) return 0;
+    cudaStream_t stream = g->s.stream;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int rc = -1;
+    float elapsed = 0;
+    cudaError_t c = cudaEventCreate(&ev[0]);
+    if (c == cudaSuccess) c = cudaEventCreate(&ev[1]);
+    if (c == cudaSuccess) c = cudaGraphLaunch(g->graphs[B].exec, stream);  // warm-up
+    if (c == cudaSuccess) c = cudaEventRecord(ev[0], stream);
+    for (int r = 0; r < reps && c == cudaSuccess; r++) c = cudaGraphLaunch(g->graphs[B].exec, stream);
+    if (c == cudaSuccess) c = cudaEventRecord(ev[1], stream);
+    if (c == cudaSuccess) c = cudaEventSynchronize(ev[1]);
+    if (c == cudaSuccess) c = cudaEventElapsedTime(&elapsed, ev[0], ev[1]);
+    if (c == cudaSuccess) {
+        *ms = elapsed / reps;
+        rc = 1;
+    } else {
+        cuda_fail(err, c, "timing the decode graph", __FILE__, __LINE__);
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) CUDA_WARN(cudaEventDestroy(ev[i]));
+    return rc;
+}
+
 extern "C" int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err) {
     if (e->free != gpu_engine_destroy) return fail(err, "profiling needs a GPU engine, not %s", e->name);
     GpuEngine *g = (GpuEngine *)e->impl;

@@ -45,6 +45,13 @@ typedef struct {
 // Profiling synchronizes at the end of each forward (it does anyway) and costs an event per step.
 int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err);
 
+// The device time of one decode step alone, for ./gpt2 bench: the CUDA graph an earlier
+// engine_decode captured for batch B, replayed `reps` times back to back between CUDA events, so
+// the host's work between steps is left out. Each replay repeats that step (same position and
+// tokens: the cache slot is rewritten with the same values). 1 with *ms per step; 0 when there is
+// no such graph (another engine, or the reference path, which runs no graph); -1 on error.
+int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *ms, Error *err);
+
 // The LayerNorm-folded vectors the fused kernels read (s and b', block_ops.h), copied to the host
 // for tests: which 0: ln1 -> qkv of `layer` ([3C] each), 1: ln2 -> fc ([4C]), 2: lnf -> logits ([Vp]).
 int gpu_engine_copy_folded(Engine *e, int which, int layer, float *s, float *b, Error *err);

@@ -211,6 +211,8 @@ typedef struct {
     double tok_s;         // tokens processed (prefill, forward) or generated (decode) per second
     double roofline_pct;  // decode on the GPU: the memory roofline's time over the measured; else < 0
     double bytes_per_step;
+    double device_ms;     // decode through a CUDA graph: one step's device time alone (the graph replayed
+                          // back to back, no host work between steps); else < 0
 } Result;
 
 #ifdef GPT2_CUDA
@@ -435,7 +437,7 @@ static void run_prefill(Bench *b, Engine *e, BenchPath path, DType dt, int P, fl
         if (r >= a->warmup) t[r - a->warmup] = ms;
     }
     double ms = median(t, a->runs);
-    add_result(b, (Result){path, dt, "prefill", 1, P, 0, ms, P * 1e3 / ms, -1, 0});
+    add_result(b, (Result){path, dt, "prefill", 1, P, 0, ms, P * 1e3 / ms, -1, 0, -1});
     free(tokens), free(t);
 }
 
@@ -454,7 +456,7 @@ static void run_forward(Bench *b, Engine *e, BenchPath path, DType dt, int B, in
         if (r >= a->warmup) t[r - a->warmup] = ms;
     }
     double ms = median(t, a->runs);
-    add_result(b, (Result){path, dt, "forward", B, T, 0, ms, (double)B * T * 1e3 / ms, -1, 0});
+    add_result(b, (Result){path, dt, "forward", B, T, 0, ms, (double)B * T * 1e3 / ms, -1, 0, -1});
     free(tokens), free(t);
 }
 
@@ -488,7 +490,11 @@ static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int
     double bytes = 0;
     for (int i = 0; i < N; i++) bytes += decode_step_bytes(&b->model->config, dt, B, P + i);
     double pct = b->bandwidth_gbps > 0 ? 100.0 * (bytes / (b->bandwidth_gbps * 1e9)) / (ms * 1e-3) : -1;
-    add_result(b, (Result){path, dt, "decode", B, P, N, ms / N, (double)B * N * 1e3 / ms, pct, bytes / N});
+    double device_ms = -1;  // what the host's work between steps costs: the step's graph alone
+#ifdef GPT2_CUDA
+    if (b->gpu && gpu_engine_time_decode_graph(e, B, 50, &device_ms, &err) < 0) die("%s", err.msg);
+#endif
+    add_result(b, (Result){path, dt, "decode", B, P, N, ms / N, (double)B * N * 1e3 / ms, pct, bytes / N, device_ms});
     sampler_free(&greedy);
     free(prompt), free(cur), free(next), free(t);
 }
@@ -595,19 +601,21 @@ static void bench_engine(Bench *b, BenchPath path, DType dt) {
 
 static void print_table(const Bench *b) {
     const BenchArgs *a = b->args;
-    printf("\n%-9s %-4s %-7s %5s %6s %5s %10s %12s %9s\n", "path", "dtype", "phase", "batch", "prompt", "new",
-           "ms", "tok/s", "roofline");
+    printf("\n%-9s %-4s %-7s %5s %6s %5s %10s %12s %9s %10s\n", "path", "dtype", "phase", "batch", "prompt", "new",
+           "ms", "tok/s", "roofline", "device ms");
     for (int i = 0; i < b->nresults; i++) {
         const Result *r = &b->results[i];
-        char roof[16] = "-", nw[16] = "-";
+        char roof[16] = "-", nw[16] = "-", dev[16] = "-";
         if (r->roofline_pct >= 0) snprintf(roof, sizeof(roof), "%.1f%%", r->roofline_pct);
         if (r->new_tokens) snprintf(nw, sizeof(nw), "%d", r->new_tokens);
-        printf("%-9s %-4s %-7s %5d %6d %5s %10.3f %12.1f %9s\n", path_names[r->path], dtype_name(r->dtype), r->phase,
-               r->batch, r->prompt_len, nw, r->ms, r->tok_s, roof);
+        if (r->device_ms >= 0) snprintf(dev, sizeof(dev), "%.4f", r->device_ms);
+        printf("%-9s %-4s %-7s %5d %6d %5s %10.3f %12.1f %9s %10s\n", path_names[r->path], dtype_name(r->dtype),
+               r->phase, r->batch, r->prompt_len, nw, r->ms, r->tok_s, roof, dev);
     }
     printf("prefill: ms to the first token of one sequence; forward: %d x %d tokens, every position's logits to the "
-           "host;\ndecode: ms per step and generated tokens/s, %d greedy tokens after a %d-token prompt (generation's "
-           "step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the measured time.\n"
+           "host (the GPU's: kept on the device);\ndecode: ms per step and generated tokens/s, %d greedy tokens after a "
+           "%d-token prompt (generation's step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the "
+           "measured time; device ms: the step's CUDA graph alone, replayed back to back.\n"
            "Median of %d runs after %d warm-up (decode: %d).\n",
            a->forward_B, a->forward_T, a->new_tokens, a->decode_prompt, a->runs, a->warmup,
            a->warmup < 1 ? a->warmup : 1);
@@ -690,6 +698,7 @@ static int write_json(const Bench *b, const char *path, Error *err) {
         fprintf(f, ", \"roofline_pct\": ");
         json_number(f, r->roofline_pct);
         if (r->bytes_per_step > 0) fprintf(f, ", \"bytes_per_step\": %.6g", r->bytes_per_step);
+        if (r->device_ms >= 0) fprintf(f, ", \"device_ms\": %.6g", r->device_ms);
         fputc('}', f);
     }
     fprintf(f, "\n  ]");

@@ -29,12 +29,18 @@ static int by_prob_desc(const void *a, const void *b) {
     return ((const Candidate *)a)->id - ((const Candidate *)b)->id;  // ties: lower id first, deterministic
 }
 
-// Min-heap on prob over the first n candidates: the root is the weakest of the kept top k.
+// Weaker in the final order (prob desc, id asc): a lower prob, or the same prob and a higher id.
+static int weaker(const Candidate *a, const Candidate *b) {
+    return a->prob < b->prob || (a->prob == b->prob && a->id > b->id);
+}
+
+// Min-heap in that order over the first n candidates: the root is the weakest of the kept top k,
+// so ties at the k-th value keep their lowest ids however the larger values are placed.
 static void sift_down(Candidate *h, int n, int i) {
     for (;;) {
         int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l].prob < h[m].prob) m = l;
-        if (r < n && h[r].prob < h[m].prob) m = r;
+        if (l < n && weaker(&h[l], &h[m])) m = l;
+        if (r < n && weaker(&h[r], &h[m])) m = r;
         if (m == i) return;
         Candidate t = h[i];
         h[i] = h[m], h[m] = t;

@@ -58,6 +58,21 @@ static void host_tests(void) {
     for (int i = 0; i < 200; i++) ok &= sampler_sample(&a, logits) == sampler_sample(&b, logits);
     CHECK(ok, "seed_reproduces", "two samplers with seed 42 diverged");
     sampler_free(&a), sampler_free(&b);
+
+    // Ties at the k-th value keep their lowest ids even when larger values come after them (the
+    // device sampler's order): 100 tied logits, then 10 larger; top-k 40 keeps the 10 and ids 0..29.
+    enum { TV = 110 };
+    float tied[TV];
+    for (int i = 0; i < TV; i++) tied[i] = i < 100 ? 10.0f : 12.0f;
+    Sampler t;
+    sampler_create(&t, TV, 1.0f, 40, 1.0f, 1);
+    ok = 1;
+    for (int i = 0; i < 1000; i++) {
+        int id = sampler_pick(&t, tied, (i + 0.5f) / 1000.0f);
+        ok &= id < 30 || id >= 100;
+    }
+    CHECK(ok, "top_k_ties_keep_lowest_ids", "a tied id >= 30 was kept");
+    sampler_free(&t);
 }
 
 #ifdef GPT2_CUDA
@@ -241,8 +256,8 @@ static void tie_tests(Device *d, float *logits) {
     even_draws(u, B);
     for (int j = 0; j < 3; j++) {
         const int k = top_ks[j], spacing = V / (k + 24);  // k + 24 tied values, over the whole row
-        // Ties below the largest: ids 0..9 above them, so the host's heap keeps the first ties
-        // it meets (its tie order is the lowest id's only when nothing larger comes later).
+        // Ties below the largest, spread over every chunk (host_tests checks the host's order
+        // with the larger values after the ties).
         for (int i = 0; i < V; i++)
             logits[i] = i < 10 ? 12.0f : (i - 10) % spacing == 0 ? 10.0f : 12.0f * frand(&rng) - 4.0f;
         same_rows(logits, V);
