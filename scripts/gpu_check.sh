@@ -17,13 +17,13 @@ if [ -d .devkit ]; then  # scripts/devkit.sh: headers and libraries the machine 
 fi
 export GPT2_BIN=$PWD/gpt2 GPT2_BUILD=build/gpu PYTHONUNBUFFERED=1
 m=build/gpu/testdata/e2e_gpu/gpt2_124M_shape_bf16.bin
-unit_tests=${UNIT_TESTS:-test_sampling test_fused_attention test_fused_linear test_gpu_engine}
+unit_tests=${UNIT_TESTS:-test_sampling test_fused_attention test_fused_linear test_matmul_lt test_gpu_engine}
 for s in $steps; do
     t0=$(date +%s)
     case $s in
     build)
         nvidia-smi -L
-        make -j16 "${mk[@]}" all $(for t in tests/test_*.c; do echo build/gpu/tests/$(basename $t .c); done) \
+        make -j16 "${mk[@]}" all $(for t in tests/test_*.c tests/bench_*.c; do echo build/gpu/tests/$(basename $t .c); done) \
             >"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
         grep -i "warning" "$out/build.log" | head -n 20 ;;
     units)
