@@ -12,7 +12,7 @@
 // Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
 //   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
 //             in shared memory and normalises them there (exact two-pass statistics: x is tiny),
-//             so the weights multiply the true LayerNorm output. bf16 with 4 < M <= 16: the same
+//             so the weights multiply the true LayerNorm output. bf16 with 8 < M <= 16: the same
 //             staging, then tensor cores (mma.sync) fed with W straight from global memory.
 //   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
 //             (no TF32), cp.async rings; the x tile each K step loads also feeds the row

@@ -12,7 +12,7 @@
 //                   (normalised there when LN: x is tiny, so the statistics are exact two-pass),
 //                   then each warp streams whole W rows with 16-byte loads, NPW rows at a time,
 //                   every SM busy; lanes split K, a butterfly sums them.
-//   gemv_tc_kernel  bf16, 4 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
+//   gemv_tc_kernel  bf16, 8 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
 //                   with W straight from global memory into B fragments.
 //   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
@@ -177,7 +177,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 //     loads (U chunks x NPW rows: up to 8 KB a warp) before it does anything else;
 //   - that first batch is issued before pdl_wait() (kernels/pdl.cuh): the weights do not depend
 //     on the previous kernel, so under programmatic dependent launch they stream in while it
-//     finishes. 256-thread blocks, one per SM, leave room for the next kernel's block beside it;
+//     finishes. 256-thread blocks, one per SM, leave room for the next kernel's block beside it:
+//     the one-row kernel is held to 112 registers (3 batches of 16 bytes per row in flight, all
+//     of K = 768), so that two GEMV blocks and a decode-attention block (64 registers x 128
+//     threads) fit in one SM's 64K registers;
 //   - when W has few rows and long ones (the MLP projection: 768 rows of 3072), the K range is
 //     split over the KSPLIT warps of a warp group, so that all of an SM's share is in flight at
 //     once instead of one warp walking it batch by batch; the group's partial sums meet in shared
@@ -306,7 +309,7 @@ __device__ __forceinline__ float block_sum_rows(const float (&part)[MT], float *
 // ks of it the ks-th slice of the K chunks. Warp group wg of block b takes groups
 // b + gridDim * (wg + (WARPS / ksplit) * i), so each SM gets an even share whatever N is.
 template <typename WT, typename XT, int MT, int NPW, int U, bool LN>
-__global__ void __launch_bounds__(GEMV_THREADS)
+__global__ void __maxnreg__(MT == 1 ? 112 : 128)
 gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ gamma, const WT *__restrict__ W,
             int m0, int M, int N, int K, int KP, int ksplit, Epilogue e) {
     constexpr int VEC = 16 / sizeof(WT);
@@ -1107,11 +1110,11 @@ namespace lin {
 enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4, PATH_GEMV_TC = 5 };
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
-// the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to 4, then the tensor-core GEMV up to 16),
+// the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to 8, then the tensor-core GEMV up to 16),
 // 32 x 32 tiles up to 128 rows, then 128 x 128 tiles (fp32: 64 x 64 until 128 x 128 tiles would
 // cover the SMs).
 inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, const DeviceInfo &d) {
-    if (w_bf16 && ln && M > 4 && M <= 16 && tg_ok) return PATH_GEMV_TC;
+    if (w_bf16 && ln && M > 8 && M <= 16 && tg_ok) return PATH_GEMV_TC;
     if (M <= 16) return PATH_GEMV;
     if (M <= 128) return PATH_TILED_XS;
     if (w_bf16) return PATH_TILED_L;
@@ -1158,7 +1161,7 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     while (mt > 1 && mt * row_bytes + extra > d.smem_optin) mt /= 2;
     if (row_bytes + extra > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
     switch (mt) {
-    case 1: return launch_gemv_mt<WT, XT, 1, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
+    case 1: return launch_gemv_mt<WT, XT, 1, 4, 3, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
     case 2: return launch_gemv_mt<WT, XT, 2, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
     case 4: return launch_gemv_mt<WT, XT, 4, 4, 2, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
     case 8: return launch_gemv_mt<WT, XT, 8, 4, 2, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);

@@ -389,14 +389,14 @@ int main(void) {
     printf("# test_fused_linear seed %llu (GPT2_TEST_SEED to repeat)\n", (unsigned long long)rng_state);
     // GPT2_TEST_SMALL: fewer and smaller cases, for runs under compute-sanitizer.
     const int small = getenv("GPT2_TEST_SMALL") != NULL;
-    const int nshapes = small ? 4 : 8;
+    const int nshapes = small ? 4 : 9;
 
     const LinearPath paths[] = {LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S, LINEAR_PATH_TILED_L,
                                 LINEAR_PATH_AUTO, LINEAR_PATH_GEMV_TC};
-    // The last two: the decode GEMV at GPT-2's fc (one row, one group per warp) and a W of three
-    // groups of long rows (K split over all 8 warps of a block, uneven slices).
-    const int shapes[][3] = {{1, 300, 96},    {3, 77, 100},   {17, 300, 97}, {130, 300, 96},
-                             {16, 1024, 768}, {64, 200, 768}, {1, 3072, 768}, {2, 10, 2000}};
+    // The last three: the decode GEMV at GPT-2's fc (one row, one group per warp), a W of three
+    // groups of long rows (K split over all 8 warps of a block, uneven slices), and batch-8 decode.
+    const int shapes[][3] = {{1, 300, 96},    {3, 77, 100},   {17, 300, 97},  {130, 300, 96}, {16, 1024, 768},
+                             {64, 200, 768},  {1, 3072, 768}, {2, 10, 2000},  {8, 500, 768}};
     int ci = 0;
     for (int wt = 0; wt < 2; wt++)
         for (int p = 0; p < (wt ? 6 : 5); p++)
@@ -439,9 +439,10 @@ int main(void) {
             run_ln_case(&c);
         }
 
-    // The last two: GPT-2's MLP projection at one row (K split over 4 warps) and a few odd long rows.
-    const int rshapes[][3] = {{1, 300, 96},     {3, 77, 100},    {17, 300, 97},   {130, 300, 96},
-                              {16, 768, 3072}, {200, 192, 768}, {1, 768, 3072}, {5, 13, 1000}};
+    // The last three: GPT-2's MLP projection at one row (K split over 4 warps), a few odd long rows,
+    // and the projection at batch-8 decode.
+    const int rshapes[][3] = {{1, 300, 96},     {3, 77, 100},    {17, 300, 97},   {130, 300, 96}, {16, 768, 3072},
+                              {200, 192, 768}, {1, 768, 3072}, {5, 13, 1000},  {8, 768, 3072}};
     for (int wt = 0; wt < 2; wt++)
         for (int p = 0; p < (wt ? 6 : 5); p++)
             for (int si = 0; si < nshapes; si++)
