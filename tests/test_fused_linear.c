@@ -156,7 +156,7 @@ static const char *path_name(LinearPath p) {
 //   GEMV (the normalised x rounded).
 static int path_rounding(LinearPath p, int M, DType wt, int K) {
     if (wt != DTYPE_BF16) return 0;
-    if (p == LINEAR_PATH_AUTO) p = M <= 4 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
+    if (p == LINEAR_PATH_AUTO) p = M <= 8 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
     return p == LINEAR_PATH_GEMV ? 0 : p == LINEAR_PATH_GEMV_TC ? 2 : 1;
 }
 
