@@ -345,6 +345,10 @@ static void test_bad_args(void) {
           "matmul_lt bad arguments", "got %d %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5], e[6]);
     cudaFree(base);
 
+    if (getenv("GPT2_NO_OOM_TEST")) {  // compute-sanitizer counts the failed allocation as an error
+        test_skip("matmul_lt_create out of memory", "GPT2_NO_OOM_TEST is set");
+        return;
+    }
     Error err = {0};
     MatmulLt *huge = matmul_lt_create((size_t)1 << 50, &err);
     CHECK(!huge && strstr(err.msg, "the cuBLASLt workspace"), "matmul_lt_create out of memory",
