@@ -12,8 +12,8 @@
 // Routing by rows. The fused linear kernels win while the weights' bytes dominate (decode: a GEMV
 // reading each weight once over all SMs), and lose to cuBLAS's GEMMs once the rows make it a
 // matrix product (docs/PERF.md, "Fused LayerNorm + Linear", H200: bf16 768->3072 is 1.56x faster
-// at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8
-// through the GEMVs: docs/PERF.md, "Engine decode"). Past fused_rows() the
+// at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8:
+// below). Past fused_rows() the
 // linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the bias and the residual add in
 // their epilogue (kernels/matmul_lt.h): nine launches per block with the fused attention, where
 // the reference table's linear steps (cuBLAS, then bias, GELU and residual kernels) took thirteen:
@@ -41,7 +41,10 @@
     } while (0)
 
 // The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
-static int fused_rows(const GpuState *s) { return s->dtype == DTYPE_BF16 ? 8 : 16; }
+// bf16: 8 rows at GPT-2 124M's width (batch-8 decode 14.7k tokens/s through the GEMVs against
+// 12.4k through cuBLASLt), 4 at wider models, where the GEMV's rows of K = 1600 and more leave
+// too few loads in flight per warp (1558M batch-8 decode: 1.7k tokens/s against 2.2k).
+static int fused_rows(const GpuState *s) { return s->dtype == DTYPE_BF16 ? (s->C <= 768 ? 8 : 4) : 16; }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
