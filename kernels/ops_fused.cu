@@ -43,7 +43,7 @@
 // The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
 // bf16: 8 rows at GPT-2 124M's width (batch-8 decode 14.7k tokens/s through the GEMVs against
 // 12.4k through cuBLASLt), 4 at wider models, where the GEMV's rows of K = 1600 and more leave
-// too few loads in flight per warp (1558M batch-8 decode: 1.7k tokens/s against 2.2k).
+// too few loads in flight per warp (1558M batch-8 decode: 1.7k tokens/s against 2.3k).
 static int fused_rows(const GpuState *s) { return s->dtype == DTYPE_BF16 ? (s->C <= 768 ? 8 : 4) : 16; }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
