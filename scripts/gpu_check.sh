@@ -2,9 +2,11 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time]
-# (default: all but units, which runs only the GPU unit tests, a subset of maketest; `compare` and
-# `time` use the 124M-shape model that tests/e2e_gpu.sh writes, or a random one when it is absent)
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [ncu]
+# (default: all but units, which runs only the GPU unit tests, a subset of maketest, and ncu, which
+# times each kernel of a batch-1 decode step alone, warm caches and free clocks: docs/PERF.md,
+# "Engine decode, session 2"; `compare`, `time` and `ncu` use the 124M-shape model that
+# tests/e2e_gpu.sh writes, or a random one when it is absent)
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu/check}
@@ -46,7 +48,7 @@ for s in $steps; do
                     "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
             done
         done ;;
-    compare|time)
+    compare|time|ncu)
         if [ ! -f "$m" ]; then
             mkdir -p "$(dirname "$m")"
             python3 scripts/make_model.py --out "$m" --seed 5 --dtype bf16 >/dev/null
@@ -66,6 +68,23 @@ for s in $steps; do
             GPT2_PDL=0 ./gpt2 -m "$m" --gpu -b $b -n 256 --ignore-eos --temp 0 -p "Hello world" 2>&1 >/dev/null |
                 grep -E "^(decode:|gpt2:)" | sed "s/^/gpu GPT2_PDL=0 bf16 b=$b --temp 0: /"
         done 2>&1 | tee -a "$out/time.log" ;;
+    ncu)  # the graph's nodes one by one; ncu adds ~2.5 us to each (the 1-block embedding reads ~3)
+        ncu --cache-control none --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+            --csv --print-units base --launch-skip 200 --launch-count 130 ./gpt2 -m "$m" --gpu -n 8 --ignore-eos \
+            --temp 0 -p "Hello world" >"$out/ncu.csv" 2>"$out/ncu.err"
+        python3 - "$out/ncu.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+k, v = rows[0].index("Kernel Name"), rows[0].index("Metric Value")
+seq = [(r[k].split("(")[0][:60], float(r[v].replace(",", "")) / 1e3) for r in rows[1:]]
+first = next(i for i, (name, _) in enumerate(seq) if "embedding" in name)
+nxt = next(i for i, (name, _) in enumerate(seq) if "embedding" in name and i > first)
+step = seq[first:nxt]
+for name, us in step[:7] + [("...", 0)] + step[-3:]:
+    print(f"{us:8.2f} us  {name}")
+print(f"{len(step)} kernels, {sum(us for _, us in step):.1f} us summed (each alone)")
+PY
+        ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
