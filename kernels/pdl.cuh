@@ -12,7 +12,7 @@
 // The contract every kernel launched with launch_pdl() keeps:
 //   - before pdl_wait(): read only what no kernel of the step writes (weights, folded LayerNorm
 //     vectors, biases, and a decode graph's position, which the copy at the head of the graph
-//     wrote before the step's first kernel could start); write nothing;
+//     wrote before the step's first kernel could start); write nothing to global memory;
 //   - every block calls pdl_wait() on every path, even one with no work, so that a grid completes
 //     only after its predecessor has: the chain of waits then orders each kernel after all earlier
 //     ones, not only after its immediate predecessor.
