@@ -6,6 +6,7 @@
 #   make fuzz            libFuzzer targets (clang) in build/fuzz/
 #   make download        GPT-2 weights from the Hugging Face hub into model/ (MODEL=gpt2|gpt2-medium|...)
 #   CUDA_ARCH=...        override the fat-binary targets, e.g. "-gencode arch=compute_90a,code=sm_90a"
+#   make TRACE=1         build/gpu-trace/gpt2: kernels stamp a timeline (kernels/kernel_trace.cuh)
 
 CC        := gcc
 CUDA_HOME ?= /usr/local/cuda
@@ -18,6 +19,12 @@ ifeq ($(SANITIZE),1)
   BUILD  := build/san
   BIN    := build/san/gpt2
   OPT    := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+else ifeq ($(TRACE),1)
+  GPU    := 1
+  BUILD  := build/gpu-trace
+  BIN    := build/gpu-trace/gpt2
+  OPT    := -O3 -march=x86-64-v2
+  EXTRA_NVCCFLAGS += -DGPT2_TRACE
 else
   GPU    ?= $(if $(NVCC),1,0)
   BUILD  := build/$(if $(filter 1,$(GPU)),gpu,cpu)

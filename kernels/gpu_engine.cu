@@ -12,6 +12,7 @@
 #include "block_ops.h"
 #include "cuda_check.h"
 #include "reference_kernels.h"
+#include "kernel_trace.cuh"
 #include "sampling.h"
 
 // A decode step captured as a CUDA graph for one batch size and the sampler settings it bakes in;
@@ -39,11 +40,58 @@ typedef struct {
     size_t sampling_ws_bytes;
     DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
     void *cublas_workspace;             // kCublasWorkspaceBytes, given to cuBLAS at creation
+#ifdef GPT2_TRACE
+    unsigned *trace;                    // kernels/kernel_trace.cuh: [count, pad[3], TraceRecord...]
+#endif
 } GpuEngine;
 
 static const size_t kCublasWorkspaceBytes = 32u << 20;  // what NVIDIA advises for Hopper
 
 static void gpu_engine_destroy(Engine *e);
+
+#ifdef GPT2_TRACE
+// ----------------------------------------------------------------------------
+// The kernel timeline (TRACE=1 builds, kernels/kernel_trace.cuh): every translation unit's binder,
+// and the buffer an engine allocates when GPT2_TRACE names a file (the last engine created is the
+// one traced).
+
+static void (*trace_binders[32])(TraceRecord *, unsigned *);
+static int trace_nbinders;
+
+void trace_register(void (*bind)(TraceRecord *, unsigned *)) {
+    if (trace_nbinders < 32) trace_binders[trace_nbinders++] = bind;
+}
+
+static int trace_start(GpuEngine *g, Error *err) {
+    if (!getenv("GPT2_TRACE")) return 0;
+    const size_t bytes = 16 + (size_t)kTraceCapacity * sizeof(TraceRecord);
+    if (gpu_alloc((void **)&g->trace, bytes, "the kernel trace", err)) return -1;
+    CUDA_TRY(cudaMemset(g->trace, 0, 16));
+    for (int i = 0; i < trace_nbinders; i++) trace_binders[i]((TraceRecord *)(g->trace + 4), g->trace);
+    return 0;
+}
+
+// Writes [count (uint32), records] to $GPT2_TRACE.
+static void trace_finish(GpuEngine *g) {
+    if (!g->trace) return;
+    unsigned n = 0;
+    CUDA_WARN(cudaDeviceSynchronize());
+    CUDA_WARN(cudaMemcpy(&n, g->trace, sizeof n, cudaMemcpyDeviceToHost));
+    if (n > kTraceCapacity) n = kTraceCapacity;
+    TraceRecord *h = (TraceRecord *)xmalloc((size_t)n * sizeof(TraceRecord) + 1);
+    CUDA_WARN(cudaMemcpy(h, g->trace + 4, (size_t)n * sizeof(TraceRecord), cudaMemcpyDeviceToHost));
+    const char *path = getenv("GPT2_TRACE");
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(&n, sizeof n, 1, f) != 1 || fwrite(h, sizeof(TraceRecord), n, f) != n)
+        fprintf(stderr, "gpt2: cannot write the kernel trace to %s\n", path);
+    else
+        fprintf(stderr, "gpt2: %u kernel trace records in %s\n", n, path);
+    if (f) fclose(f);
+    free(h);
+    for (int i = 0; i < trace_nbinders; i++) trace_binders[i](NULL, NULL);
+    CUDA_WARN(cudaFree(g->trace));
+}
+#endif
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -446,6 +494,9 @@ static void gpu_engine_destroy(Engine *e) {
     GpuEngine *g = (GpuEngine *)e->impl;
     if (g) {
         if (g->s.stream) CUDA_WARN(cudaStreamSynchronize(g->s.stream));
+#ifdef GPT2_TRACE
+        trace_finish(g);
+#endif
         for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
         free(g->events);
         for (int b = 0; g->graphs && b <= g->s.max_batch; b++)
@@ -491,6 +542,9 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
 
     CUDA_TRY(cudaSetDevice(0));
     CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+#ifdef GPT2_TRACE
+    if (trace_start(g, err)) return -1;
+#endif
     CUBLAS_TRY(cublasCreate(&s->cublas));
     CUBLAS_TRY(cublasSetStream(s->cublas, s->stream));
     // CUBLAS_COMPUTE_32F with the default math mode: fp32 stays fp32 (no TF32 shortcut).

@@ -28,16 +28,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_trace.cuh"
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    trace_mark(TRACE_RELEASED);
 }
 
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+    trace_mark(TRACE_START);
 }
 
 // 1 when the current device has PDL (compute capability 9.0 or later) and GPT2_PDL is not "0".

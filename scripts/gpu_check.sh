@@ -2,10 +2,11 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [ncu]
-# (default: all but units, which runs only the GPU unit tests, a subset of maketest, and ncu, which
-# times each kernel of a batch-1 decode step alone, warm caches and free clocks: docs/PERF.md,
-# "Engine decode, session 2"; `compare`, `time` and `ncu` use the 124M-shape model that
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [ncu] [trace]
+# (default: all but units, which runs only the GPU unit tests, a subset of maketest; ncu, which
+# times each kernel of a batch-1 decode step alone, warm caches and free clocks; and trace, which
+# builds `make TRACE=1` and times the kernels inside the replayed batch-1 decode graph: docs/PERF.md,
+# "Engine decode, session 2". `compare`, `time`, `ncu` and `trace` use the 124M-shape model that
 # tests/e2e_gpu.sh writes, or a random one when it is absent)
 set -u
 cd "$(dirname "$0")/.."
@@ -48,7 +49,7 @@ for s in $steps; do
                     "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
             done
         done ;;
-    compare|time|ncu)
+    compare|time|ncu|trace)
         if [ ! -f "$m" ]; then
             mkdir -p "$(dirname "$m")"
             python3 scripts/make_model.py --out "$m" --seed 5 --dtype bf16 >/dev/null
@@ -85,6 +86,11 @@ for name, us in step[:7] + [("...", 0)] + step[-3:]:
 print(f"{len(step)} kernels, {sum(us for _, us in step):.1f} us summed (each alone)")
 PY
         ;;
+    trace)
+        make -j16 "${mk[@]}" TRACE=1 >"$out/build_trace.log" 2>&1 || { tail -n 30 "$out/build_trace.log"; exit 1; }
+        GPT2_TRACE="$out/trace.bin" build/gpu-trace/gpt2 -m "$m" -n 32 --ignore-eos --temp 0 -p "Hello" >/dev/null
+        python3 scripts/trace_decode.py "$out/trace.bin"
+        rm -f "$out/trace.bin" ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
