@@ -8,7 +8,7 @@ template <typename T>
 __global__ void embedding_kernel(float *__restrict__ x, const int *__restrict__ tokens, const T *__restrict__ wte,
                                  const T *__restrict__ wpe, int T_, int pos, const int *__restrict__ pos_device,
                                  int C) {
-    const TraceExit trace_exit;  // kernels/kernel_trace.cuh (TRACE=1 builds)
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the first layer's weights start streaming now
     pdl_wait();               // x may still be read by the previous step's last kernel
     if (pos_device) pos = *pos_device;  // a decode graph's position, set before each replay

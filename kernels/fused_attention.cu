@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q
                                                          unsigned *__restrict__ counters, float *__restrict__ part,
                                                          int pos, const int *__restrict__ pos_device, int NH, int HS,
                                                          int max_seq, int chunk, int splits, float scale_log2) {
-    const TraceExit trace_exit;  // kernels/kernel_trace.cuh (TRACE=1 builds)
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
     pdl_wait();               // q and the new key/value row come from the kernel before
     if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
                                                         int T, int pos, const int *__restrict__ pos_device, int NH,
                                                         int HS, int max_seq, int chunk, int splits, float scale_log2,
                                                         int vec) {
-    const TraceExit trace_exit;  // kernels/kernel_trace.cuh (TRACE=1 builds)
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
     pdl_wait();               // q and the new key/value row come from the kernel before
     if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound

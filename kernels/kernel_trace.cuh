@@ -48,14 +48,17 @@ static void trace_bind_this_unit(TraceRecord *records, unsigned *count) {
 }
 static const int trace_registered_ = (trace_register(trace_bind_this_unit), 0);
 
-#else
-
-__device__ __forceinline__ void trace_mark(unsigned) {}
-
-#endif
-
 // Declared first in a kernel, marks its exit on every return path.
 struct TraceExit {
     __device__ TraceExit() {}
     __device__ ~TraceExit() { trace_mark(TRACE_EXIT); }
 };
+#define TRACE_KERNEL_EXIT const TraceExit trace_exit_
+
+#else
+
+__device__ __forceinline__ void trace_mark(unsigned) {}
+// Nothing at all (a kernel's code is the same as without the line).
+#define TRACE_KERNEL_EXIT static_assert(true, "")
+
+#endif

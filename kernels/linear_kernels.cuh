@@ -371,7 +371,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         }
     };
 
-    const TraceExit trace_exit;  // kernels/kernel_trace.cuh (TRACE=1 builds)
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
     // Weights first, before the wait for the previous kernel: this warp's first W batch, gamma,
     // and the bias of the column this lane will store (lane i < MT * NPW stores item (i / NPW,

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
                   uint2 *__restrict__ ws, long long ws_row, int *__restrict__ next) {
     __shared__ Best warp_part[kWarps];
     __shared__ unsigned ticket;
-    const TraceExit trace_exit;  // kernels/kernel_trace.cuh (TRACE=1 builds)
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
     pdl_wait();
     const int b = blockIdx.y, s = blockIdx.x, tid = threadIdx.x;
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ SelectShared sh;
     __shared__ PickShared pk;
     __shared__ unsigned ticket;
-    const TraceExit trace_exit;  // kernels/kernel_trace.cuh (TRACE=1 builds)
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
     pdl_wait();
     const int b = blockIdx.y, s = blockIdx.x, tid = threadIdx.x;
