@@ -2,7 +2,7 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [ncu] [trace]
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [ncu] [ncu_forward] [trace]
 # (default: all but units, which runs only the GPU unit tests, a subset of maketest; ncu, which
 # times each kernel of a batch-1 decode step alone, warm caches and free clocks; and trace, which
 # builds `make TRACE=1` and times the kernels inside the replayed batch-1 decode graph: docs/PERF.md,
@@ -49,7 +49,7 @@ for s in $steps; do
                     "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
             done
         done ;;
-    compare|time|ncu|trace)
+    compare|time|ncu|trace|ncu_forward)
         if [ ! -f "$m" ]; then
             mkdir -p "$(dirname "$m")"
             python3 scripts/make_model.py --out "$m" --seed 5 --dtype bf16 >/dev/null
@@ -86,6 +86,13 @@ for name, us in step[:7] + [("...", 0)] + step[-3:]:
 print(f"{len(step)} kernels, {sum(us for _, us in step):.1f} us summed (each alone)")
 PY
         ;;
+    ncu_forward)  # every kernel of a bench run with one 1x1024 prefill and the 8x1024 forward, bf16 fused;
+        # scripts/ncu_summary.py groups them by kernel per phase
+        ncu --cache-control none --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+            --csv --print-units base \
+            ./gpt2 bench --quick --path fused --dtype bf16 --batches 64 --prompts 1024 --new 2 --runs 1 --warmup 0 \
+            --no-profile >"$out/ncu_forward.csv" 2>"$out/ncu_forward.err"
+        python3 scripts/ncu_summary.py "$out/ncu_forward.csv" ;;
     trace)
         make -j16 "${mk[@]}" TRACE=1 >"$out/build_trace.log" 2>&1 || { tail -n 30 "$out/build_trace.log"; exit 1; }
         GPT2_TRACE="$out/trace.bin" build/gpu-trace/gpt2 -m "$m" -n 32 --ignore-eos --temp 0 -p "Hello" >/dev/null
