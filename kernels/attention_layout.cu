@@ -3,7 +3,12 @@
 //   qkv_to_heads: the qkv product's rows [B*T, 3C] (fp32, bias added) -> q [B, NH, T, HS] (or kept as
 //                 rows [B*T, C], the fused attention's layout) and k, v appended to the cache
 //                 [B][NH][max_seq][HS] at positions pos..pos+T-1 (dtype);
-//   heads_to_rows: P.V's [B, NH, T, HS] (fp32) -> [B*T, C] rows (dtype) for the projection.
+//   heads_to_rows: P.V's [B, NH, T, HS] (fp32) -> [B*T, C] rows (dtype) for the projection;
+//   qkv_split:     the fused table's many-row route: the qkv product already in the compute dtype
+//                  (bias added in cuBLASLt's epilogue) -> q rows [B*T, C] and k, v into the cache.
+//                  A pure copy, so it moves raw 16-byte units where the head size allows.
+#include <stdint.h>
+
 #include "kernel_util.h"
 #include "reference_kernels.h"
 
@@ -54,5 +59,46 @@ cudaError_t qkv_to_heads(void *q, void *k_cache, void *v_cache, const float *qkv
 cudaError_t heads_to_rows(void *out, const float *y, int B, int T, int NH, int HS, DType dt, cudaStream_t stream) {
     size_t n = (size_t)B * T * NH * HS;
     DISPATCH_DTYPE(dt, E, heads_to_rows_kernel<E><<<grid_for(n, 256), 256, 0, stream>>>((E *)out, y, B, T, NH, HS));
+    return cudaGetLastError();
+}
+
+// U: the unit moved (uint4: 16 bytes of any dtype; else one element as raw bits). Sizes in units.
+template <typename U>
+__global__ void qkv_split_kernel(U *__restrict__ q, U *__restrict__ kc, U *__restrict__ vc, const U *__restrict__ qkv,
+                                 int B, int T_, int pos, const int *__restrict__ pos_device, int NH, int HSu,
+                                 int max_seq) {
+    if (pos_device) pos = *pos_device;  // a decode graph's position
+    const int Cu = NH * HSu;
+    const size_t n = (size_t)B * T_ * Cu;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i % Cu);
+        const size_t row = i / Cu;
+        const int t = (int)(row % T_), b = (int)(row / T_);
+        const int h = c / HSu, d = c % HSu;
+        const U *src = qkv + row * 3 * Cu;
+        q[i] = src[c];
+        const size_t cache = (((size_t)b * NH + h) * max_seq + pos + t) * HSu + d;
+        kc[cache] = src[Cu + c];
+        vc[cache] = src[2 * Cu + c];
+    }
+}
+
+cudaError_t qkv_split(void *q, void *k_cache, void *v_cache, const void *qkv, int B, int T, int pos,
+                      const int *pos_device, int NH, int HS, int max_seq, DType dt, cudaStream_t stream) {
+    const size_t es = dtype_size(dt), q_bytes = (size_t)B * T * NH * HS * es;
+    const bool wide = (HS * es) % 16 == 0 &&
+                      ((uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache | (uintptr_t)qkv) % 16 == 0;
+    if (wide)
+        qkv_split_kernel<uint4><<<grid_for(q_bytes / 16, 256), 256, 0, stream>>>(
+            (uint4 *)q, (uint4 *)k_cache, (uint4 *)v_cache, (const uint4 *)qkv, B, T, pos, pos_device, NH,
+            (int)(HS * es / 16), max_seq);
+    else if (es == 4)
+        qkv_split_kernel<uint32_t><<<grid_for(q_bytes / 4, 256), 256, 0, stream>>>(
+            (uint32_t *)q, (uint32_t *)k_cache, (uint32_t *)v_cache, (const uint32_t *)qkv, B, T, pos, pos_device,
+            NH, HS, max_seq);
+    else
+        qkv_split_kernel<uint16_t><<<grid_for(q_bytes / 2, 256), 256, 0, stream>>>(
+            (uint16_t *)q, (uint16_t *)k_cache, (uint16_t *)v_cache, (const uint16_t *)qkv, B, T, pos, pos_device,
+            NH, HS, max_seq);
     return cudaGetLastError();
 }

@@ -289,11 +289,11 @@ int bench_linear(Ctx &c, int op, DType dt, int M, int K, int N, BenchKernelRow *
         int w = i % copies;
         if (gelu) {
             CUDA_TRY(layernorm_forward(ln, x32, gamma, beta, M, K, 1, 0, dt, c.st));
-            CUBLAS_TRY(matmul_nt(c.cublas, scratch, ln, W[w], M, N, K, dt));
+            CUBLAS_TRY(matmul_nt(c.cublas, scratch, N, ln, W[w], M, N, K, dt));
             CUDA_TRY(bias_add(scratch, bias, M, N, c.st));
             CUDA_TRY(gelu_forward(y_u, scratch, (size_t)M * N, dt, c.st));
         } else {
-            CUBLAS_TRY(matmul_nt(c.cublas, scratch, xdt, W[w], M, N, K, dt));
+            CUBLAS_TRY(matmul_nt(c.cublas, scratch, N, xdt, W[w], M, N, K, dt));
             CUDA_TRY(residual_add_bias(res_u, scratch, bias, M, N, c.st));
         }
         return 0;

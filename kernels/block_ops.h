@@ -37,6 +37,9 @@ typedef struct {
     const float *fcb;           // [4C]
     const void *fcprojw;        // [C, 4C]
     const float *fcprojb;       // [C]
+    // qkvb and fcb in the compute dtype (the same pointers when fp32): the bias of a cuBLASLt
+    // epilogue has the output's type (matmul_lt.h), and these products write the compute dtype.
+    const void *qkvb_c, *fcb_c;
     // LayerNorm folded into the following Linear (docs/DESIGN.md), fp32, from the weights exactly
     // as stored on the device (bf16-rounded when bf16):
     //   s_n = sum_k W_nk gamma_k,  b'_n = sum_k W_nk beta_k + b_n
@@ -49,7 +52,8 @@ typedef struct {
 
 typedef struct GpuState {
     // Shapes
-    int L, C, NH, HS, V, Vp, maxT;  // model (Vp: wte rows; only V logits are computed)
+    int L, C, NH, HS, V, Vp, maxT;  // model (Vp: the checkpoint's wte rows; V logits are used)
+    int wte_rows;                   // wte's rows on the device: Vp, or zero rows added up to logits_ld
     int max_batch, max_seq;         // what the cache and activations are sized for
     DType dtype;                    // compute dtype of matrices, cache, ln/atty/h buffers
     cudaStream_t stream;            // every op runs on this stream
@@ -57,7 +61,7 @@ typedef struct GpuState {
     MatmulLt *lt;                   // cuBLASLt GEMMs with epilogues: the fused table's many-row linear ops
 
     // Weights
-    const void *wte;             // [Vp, C] dtype, tied to the logits
+    const void *wte;             // [wte_rows, C] dtype, tied to the logits
     const void *wpe;             // [maxT, C] dtype
     const float *lnfw, *lnfb;    // [C]
     const float *lnf_s, *lnf_b;  // [Vp] folded lnf -> logits (s_n = sum_k wte_nk lnfw_k, b'_n = sum_k wte_nk lnfb_k)
@@ -74,7 +78,8 @@ typedef struct GpuState {
     float *scratch;       // [R, 4C] fp32: matmul outputs before bias / activation
     float *att;           // [max_batch * NH, max_seq, max_seq] fp32 attention scores
     void *att_p;          // same shape, dtype: probabilities (== att when fp32: softmax in place)
-    float *logits;        // [R, V] fp32
+    float *logits;        // [R, logits_ld] fp32: V values a row
+    int logits_ld;        // V rounded up to 64: aligned rows and a whole-tile N for cuBLASLt (matmul_lt.h)
     void *workspace;         // the table's scratch (BlockOps.workspace_bytes), zeroed at creation
     size_t workspace_bytes;
 } GpuState;
@@ -105,7 +110,7 @@ typedef struct {
     int (*mlp_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*mlp_out)(GpuState *s, const GpuStep *st, int l, Error *err);
     // lnf + wte^T into s->logits: rows b*T + t for all positions, or one row b per sequence (its
-    // last token, row b*T + T-1 of x) when !all_positions. Row stride V.
+    // last token, row b*T + T-1 of x) when !all_positions. Row stride s->logits_ld.
     int (*logits)(GpuState *s, const GpuStep *st, int all_positions, Error *err);
 } BlockOps;
 

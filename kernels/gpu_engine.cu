@@ -149,14 +149,19 @@ static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
     GpuState *s = &g->s;
     DType dt = s->dtype;
     size_t off[NUM_PARAMS], total = 0;
+    // wte gets zero rows up to logits_ld: the many-row logits product computes whole padded rows.
+    const size_t wte_count = (size_t)s->wte_rows * s->C;
     for (int p = 0; p < NUM_PARAMS; p++) {
         off[p] = total;
-        total += align256(m->param_counts[p] * (is_matrix(p) ? dtype_size(dt) : sizeof(float)));
+        total += align256((p == PARAM_WTE ? wte_count : m->param_counts[p]) *
+                          (is_matrix(p) ? dtype_size(dt) : sizeof(float)));
     }
     size_t L = (size_t)s->L, C = (size_t)s->C;
     size_t folded_off = total;
     size_t folded_floats = L * (2 * 3 * C + 2 * 4 * C) + 2 * (size_t)s->Vp;
     total += align256(folded_floats * sizeof(float));
+    size_t biases_c_off = total;  // qkvb and fcb in the compute dtype (bf16 only)
+    if (dt != DTYPE_F32) total += align256(L * 7 * C * dtype_size(dt));
     if (gpu_alloc(&g->weights, total, "the weights", err)) return -1;
     g->weight_bytes = total;
 
@@ -180,6 +185,9 @@ static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
     }
     if (staging) CUDA_WARN(cudaFree(staging));
     if (rc) return rc;
+    const size_t wte_given = m->param_counts[PARAM_WTE];
+    CUDA_TRY(cudaMemsetAsync(base + off[PARAM_WTE] + wte_given * dtype_size(dt), 0,
+                             (wte_count - wte_given) * dtype_size(dt), s->stream));
 
     size_t ds = dtype_size(dt);
     s->wte = base + off[PARAM_WTE];
@@ -187,6 +195,7 @@ static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
     s->lnfw = (const float *)(base + off[PARAM_LNFW]);
     s->lnfb = (const float *)(base + off[PARAM_LNFB]);
     float *folded = (float *)(base + folded_off);
+    char *biases_c = base + biases_c_off;
     for (size_t l = 0; l < L; l++) {
         GpuLayer *ly = &s->layers[l];
         ly->ln1w = (const float *)(base + off[PARAM_LN1W]) + l * C;
@@ -208,6 +217,15 @@ static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
         ly->fc_b = f + 10 * C;
         CUDA_TRY(ln_fold(f, f + 3 * C, ly->qkvw, ly->ln1w, ly->ln1b, ly->qkvb, 3 * s->C, s->C, dt, s->stream));
         CUDA_TRY(ln_fold(f + 6 * C, f + 10 * C, ly->fcw, ly->ln2w, ly->ln2b, ly->fcb, 4 * s->C, s->C, dt, s->stream));
+        ly->qkvb_c = ly->qkvb;
+        ly->fcb_c = ly->fcb;
+        if (dt != DTYPE_F32) {
+            char *b = biases_c + l * 7 * C * ds;
+            CUDA_TRY(convert_dtype(b, dt, ly->qkvb, DTYPE_F32, 3 * C, s->stream));
+            CUDA_TRY(convert_dtype(b + 3 * C * ds, dt, ly->fcb, DTYPE_F32, 4 * C, s->stream));
+            ly->qkvb_c = b;
+            ly->fcb_c = b + 3 * C * ds;
+        }
     }
     float *lf = folded + L * 14 * C;
     s->lnf_s = lf;
@@ -243,7 +261,7 @@ static size_t layout_acts(GpuEngine *g, char *base) {
     TAKE(s->q, void *, R * C * ds);
     TAKE(s->atty, void *, R * C * ds);
     TAKE(s->h, void *, R * 4 * C * ds);
-    TAKE(s->logits, float *, R * s->V * sizeof(float));
+    TAKE(s->logits, float *, R * s->logits_ld * sizeof(float));
     s->ln = s->att_p = NULL;
     s->scratch = s->att = NULL;
     if (g->ops->unfused_buffers) {
@@ -341,8 +359,9 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (enqueue_model(g, &st, s->tokens, all_positions, profile, ev, trace, user, err)) return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
-    if (logits)  // NULL: left on the device (src/engine.h)
-        CUDA_TRY(cudaMemcpyAsync(logits, s->logits, rows * s->V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (logits)  // NULL: left on the device (src/engine.h); the host's rows are V apart
+        CUDA_TRY(cudaMemcpy2DAsync(logits, s->V * sizeof(float), s->logits, s->logits_ld * sizeof(float),
+                                   s->V * sizeof(float), rows, cudaMemcpyDeviceToHost, stream));
     MARK();
     CUDA_TRY(cudaStreamSynchronize(stream));
     if (profile) {
@@ -373,7 +392,7 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int 
     GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL};
     int unused = 0;
     if (enqueue_model(g, &st, tokens, 0, 0, &unused, NULL, NULL, err)) return -1;
-    CUDA_TRY(sample_on_device(s->logits, s->V, s->V, B, smp->temperature, smp->top_k, smp->top_p, draws, next,
+    CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws, next,
                               g->sampling_ws, g->sampling_ws_bytes, stream));
     CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, stream));
     return 0;
@@ -530,6 +549,8 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     s->HS = c->channels / c->num_heads;
     s->V = c->vocab_size;
     s->Vp = c->padded_vocab_size;
+    s->logits_ld = (s->V + 63) / 64 * 64;
+    s->wte_rows = s->Vp > s->logits_ld ? s->Vp : s->logits_ld;
     s->maxT = c->max_seq_len;
     s->dtype = opt->dtype;
     s->max_batch = opt->max_batch > 0 ? opt->max_batch : 1;

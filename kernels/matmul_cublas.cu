@@ -8,11 +8,12 @@
 static cudaDataType_t cuda_type(DType dt) { return dt == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // y[M, N] = x[M, K] W[N, K]^T in row-major terms is, column-major, y^T (N x M) = W^T x^T:
-// A = W (K x N column-major, transposed), B = x (K x M column-major).
-cublasStatus_t matmul_nt(cublasHandle_t h, float *y, const void *x, const void *W, int M, int N, int K, DType dt) {
+// A = W (K x N column-major, transposed), B = x (K x M column-major); y's rows ldy apart.
+cublasStatus_t matmul_nt(cublasHandle_t h, float *y, int ldy, const void *x, const void *W, int M, int N, int K,
+                         DType dt) {
     const float one = 1.0f, zero = 0.0f;
     cudaDataType_t t = cuda_type(dt);
-    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, t, K, x, t, K, &zero, y, CUDA_R_32F, N,
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, t, K, x, t, K, &zero, y, CUDA_R_32F, ldy,
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 

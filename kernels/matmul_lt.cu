@@ -1,6 +1,6 @@
-// cuBLASLt products with their epilogue (kernels/matmul_lt.h says what each computes and why a bias
-// means an fp32 output and GELU a separate pass). Column-major, as cuBLASLt sees llm.c's row-major
-// y[M, N] = x[M, K] W[N, K]^T: D (N x M, ld N) = op(A) B with A = W stored K x N (ld K, transposed)
+// cuBLASLt products with their epilogue (kernels/matmul_lt.h says what each computes, why the bias
+// has y's type and where GELU is a separate pass). Column-major, as cuBLASLt sees llm.c's row-major
+// y[M, N] = x[M, K] W[N, K]^T: D (N x M, ld ldy) = op(A) B with A = W stored K x N (ld K, transposed)
 // and B = x stored K x M (ld K); the bias runs along D's N rows, one value per output column of y.
 #include <cublasLt.h>
 #include <stdint.h>
@@ -33,10 +33,11 @@ static cublasStatus_t launched(cudaError_t e) {
 // Everything the heuristic's choice depends on. The alignments are those of this call's buffers:
 // the heuristic assumes 256-byte alignment unless told otherwise, and an algorithm picked for aligned
 // buffers may not run on the weights of a layer that starts mid-allocation (odd model widths).
-// Nine 4-byte fields and no padding, so keys compare with memcmp.
+// Eleven 4-byte fields and no padding, so keys compare with memcmp.
 typedef struct {
-    int M, N, K, dtype;
-    int epilogue;  // NONE, BIAS or BIAS_RESIDUAL: BIAS_GELU runs BIAS's plan
+    int M, N, K, ldy, dtype;
+    int epilogue;  // cuBLASLt's: fp32 BIAS_GELU runs BIAS's plan into its scratch
+    int ytype;
     uint32_t align_w, align_x, align_y, align_bias;
 } PlanKey;
 
@@ -75,23 +76,25 @@ static void plan_destroy(Plan *p) {
 
 // Builds the descriptors for key and asks the heuristic for its best algorithm. bias: any bias of
 // the key's alignment (the heuristic reads the pointer's alignment from the descriptor).
-static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, const float *bias) {
-    const cudaDataType_t operand = key->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, fp32 = CUDA_R_32F;
+static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, const void *bias) {
+    const cudaDataType_t operand = key->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t out = key->ytype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasOperation_t transpose = CUBLAS_OP_T, as_is = CUBLAS_OP_N;
-    const cublasLtEpilogue_t epilogue =
-        key->epilogue == MATMUL_LT_NONE ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
+    const cublasLtEpilogue_t epilogue = key->epilogue == MATMUL_LT_NONE   ? CUBLASLT_EPILOGUE_DEFAULT
+                                        : key->epilogue == MATMUL_LT_BIAS_GELU ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                                                               : CUBLASLT_EPILOGUE_BIAS;
     // CUBLAS_COMPUTE_32F: fp32 accumulation, and for fp32 operands no TF32 (that is _FAST_TF32).
     LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &as_is, sizeof(as_is)));
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias) {  // fp32, D's type: the only bias type documented beside an fp32 D
-        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof(fp32)));
+    if (bias) {  // D's type: the documented default, stated
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out, sizeof(out)));
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&p->w_layout, operand, key->K, key->N, key->K));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->x_layout, operand, key->K, key->M, key->K));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->y_layout, fp32, key->N, key->M, key->N));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->y_layout, out, key->N, key->M, key->ldy));
     const struct {
         cublasLtMatmulPreferenceAttributes_t attr;
         uint32_t bytes;
@@ -113,7 +116,7 @@ static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, con
 }
 
 // The plan for key: the cached one, or a new one in an empty slot or the least recently used.
-static cublasStatus_t plan_for(MatmulLt *lt, const PlanKey *key, const float *bias, Plan **plan) {
+static cublasStatus_t plan_for(MatmulLt *lt, const PlanKey *key, const void *bias, Plan **plan) {
     Plan *oldest = &lt->plans[0];
     for (int i = 0; i < MATMUL_LT_PLANS; i++) {
         Plan *p = &lt->plans[i];
@@ -175,26 +178,43 @@ extern "C" void matmul_lt_stats(const MatmulLt *lt, MatmulLtStats *stats) {
 // ----------------------------------------------------------------------------
 // Products
 
-// The arguments both routes share; with_scratch: this route's steps pass through scratch.
-static int args_ok(MatmulLtEpilogue epilogue, const void *y, DType ytype, const void *x, const void *W, DType dtype,
-                   const float *bias, int M, int N, int K, const float *scratch, int with_scratch) {
-    if (epilogue < MATMUL_LT_NONE || epilogue > MATMUL_LT_BIAS_GELU) return 0;
-    if (!y || !x || !W || M < 0 || N < 1 || K < 1) return 0;
-    if ((dtype != DTYPE_F32 && dtype != DTYPE_BF16) || (bias == NULL) != (epilogue == MATMUL_LT_NONE)) return 0;
-    if (epilogue == MATMUL_LT_BIAS_GELU ? ytype != DTYPE_F32 && ytype != DTYPE_BF16 : ytype != DTYPE_F32) return 0;
-    return !with_scratch || (scratch && scratch != y);
+extern "C" DType matmul_lt_ytype(MatmulLtEpilogue epilogue, DType dtype) {
+    return epilogue == MATMUL_LT_BIAS || epilogue == MATMUL_LT_BIAS_GELU ? dtype : DTYPE_F32;
 }
 
-extern "C" cublasStatus_t matmul_lt(MatmulLt *lt, MatmulLtEpilogue epilogue, void *y, DType ytype, const void *x,
-                                    const void *W, DType dtype, const float *bias, int M, int N, int K,
+// The arguments both routes share.
+static int args_ok(MatmulLtEpilogue epilogue, const void *y, long long ldy, const void *x, const void *W, DType dtype,
+                   const void *bias, int M, int N, int K) {
+    if (epilogue < MATMUL_LT_NONE || epilogue > MATMUL_LT_BIAS_GELU) return 0;
+    if (!y || !x || !W || M < 0 || N < 1 || K < 1 || ldy < N || ldy > INT32_MAX) return 0;
+    return (dtype == DTYPE_F32 || dtype == DTYPE_BF16) && (bias == NULL) == (epilogue == MATMUL_LT_NONE);
+}
+
+// fp32 BIAS_GELU: the bias epilogue into scratch, then the GELU pass (matmul_lt.h says why).
+static int gelu_pass(MatmulLtEpilogue epilogue, DType dtype) {
+    return epilogue == MATMUL_LT_BIAS_GELU && dtype == DTYPE_F32;
+}
+
+extern "C" cublasStatus_t matmul_lt(MatmulLt *lt, MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x,
+                                    const void *W, DType dtype, const void *bias, int M, int N, int K,
                                     float *scratch, cudaStream_t stream) {
-    const int gelu = epilogue == MATMUL_LT_BIAS_GELU;
-    if (!lt || !args_ok(epilogue, y, ytype, x, W, dtype, bias, M, N, K, scratch, gelu))
+    const int gelu = gelu_pass(epilogue, dtype);
+    if (!lt || !args_ok(epilogue, y, ldy, x, W, dtype, bias, M, N, K) ||
+        (gelu && (!scratch || scratch == y || ldy != N)))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (M == 0) return CUBLAS_STATUS_SUCCESS;
-    float *d = gelu ? scratch : (float *)y;  // the GEMM's C and D
-    const PlanKey key = {M, N, K, (int)dtype, gelu ? (int)MATMUL_LT_BIAS : (int)epilogue,
-                         alignment(W), alignment(x), alignment(d), alignment(bias)};
+    void *d = gelu ? scratch : y;  // the GEMM's C and D
+    const PlanKey key = {M,
+                         N,
+                         K,
+                         (int)ldy,
+                         (int)dtype,
+                         gelu ? (int)MATMUL_LT_BIAS : (int)epilogue,
+                         (int)matmul_lt_ytype(epilogue, dtype),
+                         alignment(W),
+                         alignment(x),
+                         alignment(d),
+                         alignment(bias)};
     Plan *plan;
     LT_TRY(plan_for(lt, &key, bias, &plan));
     plan->last_use = ++lt->clock;
@@ -205,22 +225,31 @@ extern "C" cublasStatus_t matmul_lt(MatmulLt *lt, MatmulLtEpilogue epilogue, voi
     LT_TRY(cublasLtMatmul(lt->handle, plan->desc, &one, W, plan->w_layout, x, plan->x_layout,
                           epilogue == MATMUL_LT_BIAS_RESIDUAL ? &one : &zero, d, plan->y_layout, d, plan->y_layout,
                           &plan->algo, lt->workspace, lt->workspace_bytes, stream));
-    return gelu ? launched(gelu_forward(y, scratch, (size_t)M * N, ytype, stream)) : CUBLAS_STATUS_SUCCESS;
+    return gelu ? launched(gelu_forward(y, scratch, (size_t)M * N, DTYPE_F32, stream)) : CUBLAS_STATUS_SUCCESS;
 }
 
-extern "C" cublasStatus_t matmul_lt_unfused(cublasHandle_t cublas, MatmulLtEpilogue epilogue, void *y, DType ytype,
-                                            const void *x, const void *W, DType dtype, const float *bias, int M,
-                                            int N, int K, float *scratch, cudaStream_t stream) {
-    const int with_scratch = epilogue == MATMUL_LT_BIAS_GELU || epilogue == MATMUL_LT_BIAS_RESIDUAL;
-    if (!cublas || !args_ok(epilogue, y, ytype, x, W, dtype, bias, M, N, K, scratch, with_scratch))
+extern "C" cublasStatus_t matmul_lt_unfused(cublasHandle_t cublas, MatmulLtEpilogue epilogue, void *y, const void *x,
+                                            const void *W, DType dtype, const float *bias, int M, int N, int K,
+                                            float *scratch, cudaStream_t stream) {
+    const DType ytype = matmul_lt_ytype(epilogue, dtype);
+    const int with_scratch = epilogue == MATMUL_LT_BIAS_GELU || epilogue == MATMUL_LT_BIAS_RESIDUAL ||
+                             (epilogue == MATMUL_LT_BIAS && ytype != DTYPE_F32);
+    if (!cublas || !args_ok(epilogue, y, N, x, W, dtype, bias, M, N, K) ||
+        (with_scratch && (!scratch || scratch == y)))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (M == 0) return CUBLAS_STATUS_SUCCESS;
     float *product = with_scratch ? scratch : (float *)y;
-    LT_TRY(matmul_nt(cublas, product, x, W, M, N, K, dtype));
-    if (epilogue == MATMUL_LT_BIAS || epilogue == MATMUL_LT_BIAS_GELU)
+    LT_TRY(matmul_nt(cublas, product, N, x, W, M, N, K, dtype));
+    const size_t n = (size_t)M * N;
+    switch (epilogue) {
+    case MATMUL_LT_NONE: return CUBLAS_STATUS_SUCCESS;
+    case MATMUL_LT_BIAS:
         LT_TRY(launched(bias_add(product, bias, M, N, stream)));
-    if (epilogue == MATMUL_LT_BIAS_RESIDUAL)
-        return launched(residual_add_bias((float *)y, scratch, bias, M, N, stream));
-    if (epilogue == MATMUL_LT_BIAS_GELU) return launched(gelu_forward(y, scratch, (size_t)M * N, ytype, stream));
-    return CUBLAS_STATUS_SUCCESS;
+        return with_scratch ? launched(convert_dtype(y, ytype, product, DTYPE_F32, n, stream)) : CUBLAS_STATUS_SUCCESS;
+    case MATMUL_LT_BIAS_RESIDUAL: return launched(residual_add_bias((float *)y, scratch, bias, M, N, stream));
+    case MATMUL_LT_BIAS_GELU:
+        LT_TRY(launched(bias_add(product, bias, M, N, stream)));
+        return launched(gelu_forward(y, scratch, n, ytype, stream));
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
 }

@@ -14,16 +14,15 @@
 // matrix product (docs/PERF.md, "Fused LayerNorm + Linear", H200: bf16 768->3072 is 1.56x faster
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8:
 // below). Past fused_rows() the
-// linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the bias and the residual add in
-// their epilogue (kernels/matmul_lt.h): nine launches per block with the fused attention, where
-// the reference table's linear steps (cuBLAS, then bias, GELU and residual kernels) took thirteen:
-//   attn_in    LayerNorm -> qkv + bias (fp32 scratch) -> qkv_to_heads: q rows, k/v into the cache
+// linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the bias, GELU (bf16) and the
+// residual add in their epilogue (kernels/matmul_lt.h): eight launches per block with the fused
+// attention, where the reference table's linear steps (cuBLAS, then bias, GELU and residual
+// kernels) took thirteen:
+//   attn_in    LayerNorm -> qkv + bias in the compute dtype -> qkv_split: q rows, k/v into the cache
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual)
-//   mlp_in     LayerNorm -> fc + bias (fp32 scratch) -> GELU pass into h
+//   mlp_in     LayerNorm -> gelu(fc + bias) into h, one GEMM (fp32: a GELU pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
-//   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T
-// The bias epilogue writes fp32 (cuBLASLt documents an fp32 bias only with an fp32 output) and
-// GELU stays a pass of its own (cuBLASLt does not document which GELU it computes): matmul_lt.h.
+//   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -50,10 +49,10 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s)) {  // q kept as rows for the fused attention
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, DTYPE_F32, s->ln, ly->qkvw, s->dtype, ly->qkvb, st->M,
-                             3 * s->C, s->C, NULL, s->stream));
-        CUDA_TRY(qkv_to_heads(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device, s->NH,
-                              s->HS, s->max_seq, 1, s->dtype, s->stream));
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
+                             st->M, 3 * s->C, s->C, NULL, s->stream));
+        CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device, s->NH,
+                           s->HS, s->max_seq, s->dtype, s->stream));
         return 0;
     }
     QKVDest dst = {s->q, ly->k_cache, ly->v_cache, st->T, st->pos, s->NH, s->HS, s->max_seq, st->pos_device};
@@ -80,7 +79,7 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s)) {
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, DTYPE_F32, s->atty, ly->attprojw, s->dtype,
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, s->dtype,
                              ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
         return 0;
     }
@@ -92,7 +91,7 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, s->dtype, s->ln, ly->fcw, s->dtype, ly->fcb, st->M,
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
                              4 * s->C, s->C, s->scratch, s->stream));
         return 0;
     }
@@ -104,8 +103,8 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s)) {
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, DTYPE_F32, s->h, ly->fcprojw, s->dtype,
-                             ly->fcprojb, st->M, s->C, 4 * s->C, NULL, s->stream));
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, s->dtype, ly->fcprojb,
+                             st->M, s->C, 4 * s->C, NULL, s->stream));
         return 0;
     }
     FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
@@ -117,13 +116,15 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
     if (rows > fused_rows(s)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_NONE, s->logits, DTYPE_F32, s->ln, s->wte, s->dtype, NULL, rows, s->V,
-                             s->C, NULL, s->stream));
+        // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back
+        // to an unvectorised sm75 kernel, 6x slower.
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_NONE, s->logits, s->logits_ld, s->ln, s->wte, s->dtype, NULL, rows,
+                             s->logits_ld, s->C, NULL, s->stream));
         return 0;
     }
     const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
     const long long ldx = all_positions ? s->C : (long long)st->T * s->C;
-    FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->V, DTYPE_F32,
+    FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->logits_ld, DTYPE_F32,
                                  rows, s->V, s->C, ACT_NONE, NULL, LINEAR_PATH_AUTO, s->stream));
     return 0;
 }

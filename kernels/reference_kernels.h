@@ -32,6 +32,10 @@ cudaError_t residual_add_bias(float *x, const float *y, const float *b, int M, i
 cudaError_t qkv_to_heads(void *q, void *k_cache, void *v_cache, const float *qkv, int B, int T, int pos,
                          const int *pos_device, int NH, int HS, int max_seq, int q_rows, DType dt,
                          cudaStream_t stream);
+// qkv: dtype [B*T, 3C] with bias (the fused table's cuBLASLt product). q -> rows [B*T, C]; k, v as
+// qkv_to_heads's. dtype is fp32 or bf16 (the kernel only copies).
+cudaError_t qkv_split(void *q, void *k_cache, void *v_cache, const void *qkv, int B, int T, int pos,
+                      const int *pos_device, int NH, int HS, int max_seq, DType dt, cudaStream_t stream);
 // y: fp32 [B, NH, T, HS] -> out: dtype [B*T, C] (heads side by side).
 cudaError_t heads_to_rows(void *out, const float *y, int B, int T, int NH, int HS, DType dt, cudaStream_t stream);
 
@@ -41,8 +45,10 @@ cudaError_t heads_to_rows(void *out, const float *y, int B, int T, int NH, int H
 cudaError_t softmax_causal(void *probs, const float *att, int BNH, int T, int Tk, int pos, float scale, DType dt,
                            cudaStream_t stream);
 
-// matmul_cublas.cu: y[M, N] (fp32) = x[M, K] @ W[N, K]^T, x and W dtype, fp32 accumulation.
-cublasStatus_t matmul_nt(cublasHandle_t h, float *y, const void *x, const void *W, int M, int N, int K, DType dt);
+// matmul_cublas.cu: y[M, N] (fp32, row stride ldy) = x[M, K] @ W[N, K]^T, x and W dtype, fp32
+// accumulation.
+cublasStatus_t matmul_nt(cublasHandle_t h, float *y, int ldy, const void *x, const void *W, int M, int N, int K,
+                         DType dt);
 // Column-major strided batched product C = op(A) op(B), A and B dtype, C fp32 (cuBLAS's terms).
 cublasStatus_t matmul_strided_batched(cublasHandle_t h, cublasOperation_t opA, cublasOperation_t opB, int m, int n,
                                       int k, const void *A, int lda, long long strideA, const void *B, int ldb,

@@ -2,7 +2,7 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [ncu] [ncu_forward] [trace]
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [ncu] [ncu_forward] [trace]
 # (default: all but units, which runs only the GPU unit tests, a subset of maketest; ncu, which
 # times each kernel of a batch-1 decode step alone, warm caches and free clocks; and trace, which
 # builds `make TRACE=1` and times the kernels inside the replayed batch-1 decode graph: docs/PERF.md,
@@ -92,11 +92,14 @@ PY
             --csv --print-units base \
             ./gpt2 bench --quick --path fused --dtype bf16 --batches 64 --prompts 1024 --new 2 --runs 1 --warmup 0 \
             --no-profile >"$out/ncu_forward.csv" 2>"$out/ncu_forward.err"
-        python3 scripts/ncu_summary.py "$out/ncu_forward.csv" ;;
+        python3 scripts/ncu_summary.py "$out/ncu_forward.csv" >"$out/ncu_forward.txt"
+        grep "^forward" "$out/ncu_forward.txt" | awk '{print $(NF-1), $0}' | sort -n | tail -n 4 | cut -d' ' -f2- ;;
+    bench)  # the bf16 table of docs/PERF.md, quick: fused and reference, batches 1, 8, 64
+        ./gpt2 bench --quick --dtype bf16 --json "$out/bench_quick.json" 2>/dev/null | tee "$out/bench_quick.txt" ;;
     trace)
         make -j16 "${mk[@]}" TRACE=1 >"$out/build_trace.log" 2>&1 || { tail -n 30 "$out/build_trace.log"; exit 1; }
         GPT2_TRACE="$out/trace.bin" build/gpu-trace/gpt2 -m "$m" -n 32 --ignore-eos --temp 0 -p "Hello" >/dev/null
-        python3 scripts/trace_decode.py "$out/trace.bin"
+        python3 scripts/trace_decode.py "$out/trace.bin" | tee "$out/trace.txt"
         rm -f "$out/trace.bin" ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"

@@ -10,10 +10,13 @@
 // for odd widths), the plan cache (a repeated call builds no plan; more shapes than it holds evict
 // the least recently used, and an evicted shape comes back right), calls captured in a CUDA graph
 // (their plans built inside the capture, as a decode graph's first step builds them) replayed,
-// and bad arguments.
+// and bad arguments; the logits' shape also with padded output rows (ldy > N: only the N columns
+// written).
 //
 // Tolerance: rel_l2 = |lt - unfused| / |unfused| over the output <= 1e-5 fp32, 1e-2 bf16 (both sides
-// multiply the same bf16 operands in fp32; the bf16 GELU output rounds once), plus max |err| <= 50 *
+// multiply the same bf16 operands in fp32 and add the same bias, bf16 values, widened on the unfused
+// side; bf16 outputs round once; cuBLASLt's GELU epilogue, whichever GELU it is, stays within half
+// a bf16 ulp of the tanh form), plus max |err| <= 50 *
 // tol * rms(unfused) against a single bad element. Outputs are poisoned (NaN) first: every element
 // must be written. The residual epilogue is judged on what it added (y - r0; r0 itself would hide
 // errors), allowing for the fp32 rounding of r0 + delta on each side.
@@ -120,17 +123,20 @@ typedef struct {
     int M, N, K;
     int big;        // large-magnitude data
     size_t offset;  // W, x, bias and y this many bytes past their 256-byte boundary
+    int pad;        // matmul_lt's y rows N + pad apart
 } Case;
 
 // Device inputs and outputs of a case, and the host copies they were made from.
 typedef struct {
-    void *base[6];
+    void *base[7];
     void *x, *W, *y_lt, *y_ref;
-    float *bias, *scratch;
+    void *bias_lt;  // y's type (matmul_lt.h)
+    float *bias, *scratch;  // bias: bias_lt's values in fp32, for the unfused steps
     float *h_r0;  // the residual's starting value (BIAS_RESIDUAL), host
 } Bufs;
 
-static DType out_type(const Case *c) { return c->epilogue == MATMUL_LT_BIAS_GELU ? c->dt : DTYPE_F32; }
+static DType out_type(const Case *c) { return matmul_lt_ytype(c->epilogue, c->dt); }
+static size_t ldy(const Case *c) { return (size_t)c->N + c->pad; }
 
 static void bufs_create(Bufs *b, const Case *c) {
     const size_t M = c->M, N = c->N, K = c->K, es = dtype_size(c->dt), ys = dtype_size(out_type(c));
@@ -140,16 +146,19 @@ static void bufs_create(Bufs *b, const Case *c) {
     fill(hx, M * K, c->big ? 300.0 : 1.0);
     fill(hw, N * K, 1.7 / sqrt((double)K));  // x W^T about as large as x
     fill(hb, N, c->big ? 10.0 : 0.1);
+    if (out_type(c) == DTYPE_BF16)  // the values bias_lt will hold
+        for (size_t i = 0; i < N; i++) hb[i] = bf16_to_float(float_to_bf16(hb[i]));
     b->x = dev_buf(M * K * es, c->offset, &b->base[0]);
     b->W = dev_buf(N * K * es, c->offset, &b->base[1]);
     b->bias = dev_buf(N * sizeof(float), c->offset, &b->base[2]);
-    b->y_lt = dev_buf(M * N * ys, c->offset, &b->base[3]);
+    b->y_lt = dev_buf(M * ldy(c) * ys, c->offset, &b->base[3]);
     b->y_ref = dev_buf(M * N * ys, c->offset, &b->base[4]);
-    const int scratch = c->epilogue == MATMUL_LT_BIAS_GELU || c->epilogue == MATMUL_LT_BIAS_RESIDUAL;
-    b->scratch = dev_buf(scratch ? M * N * sizeof(float) : 0, 0, &b->base[5]);
+    b->scratch = dev_buf(M * N * sizeof(float), 0, &b->base[5]);
+    b->bias_lt = dev_buf(N * ys, c->offset, &b->base[6]);
     upload(b->x, hx, M * K, c->dt);
     upload(b->W, hw, N * K, c->dt);
     upload(b->bias, hb, N, DTYPE_F32);
+    upload(b->bias_lt, hb, N, out_type(c));
     free(hx), free(hw), free(hb);
     if (c->epilogue == MATMUL_LT_BIAS_RESIDUAL) {
         b->h_r0 = xmalloc(M * N * sizeof(float));
@@ -158,30 +167,31 @@ static void bufs_create(Bufs *b, const Case *c) {
 }
 
 // y to its starting value: the residual, or NaN (every byte 0xff) where the product overwrites it.
-static void bufs_reset(const Bufs *b, const Case *c, void *y) {
-    const size_t n = (size_t)c->M * c->N;
+// stride: y's rows' (N for y_ref, ldy for y_lt; the residual cases have no padding).
+static void bufs_reset(const Bufs *b, const Case *c, void *y, size_t stride) {
+    const size_t n = (size_t)c->M * stride;
     if (b->h_r0) upload(y, b->h_r0, n, DTYPE_F32);
     else cuda_ok(cudaMemsetAsync(y, 0xff, n * dtype_size(out_type(c)), stream), "poison");
 }
 
 static void bufs_free(Bufs *b) {
-    for (int i = 0; i < 6; i++) cudaFree(b->base[i]);
+    for (int i = 0; i < 7; i++) cudaFree(b->base[i]);
     free(b->h_r0);
 }
 
 static cublasStatus_t run_lt(const Case *c, const Bufs *b, void *y) {
-    return matmul_lt(lt, c->epilogue, y, out_type(c), b->x, b->W, c->dt,
-                     c->epilogue == MATMUL_LT_NONE ? NULL : b->bias, c->M, c->N, c->K, b->scratch, stream);
+    return matmul_lt(lt, c->epilogue, y, (long long)ldy(c), b->x, b->W, c->dt,
+                     c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K, b->scratch, stream);
 }
 
 static cublasStatus_t run_unfused(const Case *c, const Bufs *b) {
-    return matmul_lt_unfused(cublas, c->epilogue, b->y_ref, out_type(c), b->x, b->W, c->dt,
+    return matmul_lt_unfused(cublas, c->epilogue, b->y_ref, b->x, b->W, c->dt,
                              c->epilogue == MATMUL_LT_NONE ? NULL : b->bias, c->M, c->N, c->K, b->scratch, stream);
 }
 
 // The unfused result, downloaded (the residual's delta for BIAS_RESIDUAL).
 static float *unfused_result(const Case *c, const Bufs *b, cublasStatus_t *st) {
-    bufs_reset(b, c, b->y_ref);
+    bufs_reset(b, c, b->y_ref, c->N);
     *st = run_unfused(c, b);
     cuda_ok(cudaStreamSynchronize(stream), "unfused");
     float *ref = download(b->y_ref, (size_t)c->M * c->N, out_type(c));
@@ -221,13 +231,19 @@ static void run_case(const Case *c, const char *what) {
     bufs_create(&b, c);
     cublasStatus_t st_ref;
     float *ref = unfused_result(c, &b, &st_ref);
-    bufs_reset(&b, c, b.y_lt);
+    bufs_reset(&b, c, b.y_lt, ldy(c));
     cublasStatus_t st = run_lt(c, &b, b.y_lt);
     cuda_ok(cudaStreamSynchronize(stream), name);
     if (st != CUBLAS_STATUS_SUCCESS || st_ref != CUBLAS_STATUS_SUCCESS) {
         CHECK(0, name, "matmul_lt: %s, unfused: %s", cublasGetStatusName(st), cublasGetStatusName(st_ref));
     } else {
-        float *out = download(b.y_lt, (size_t)c->M * c->N, out_type(c));
+        float *out = download(b.y_lt, (size_t)c->M * ldy(c), out_type(c));
+        size_t pad_written = 0;  // the padding must keep its poison
+        for (size_t m = 0; m < (size_t)c->M; m++) {
+            for (size_t j = c->N; j < ldy(c); j++) pad_written += !isnan(out[m * ldy(c) + j]);
+            memmove(out + m * c->N, out + m * ldy(c), c->N * sizeof(float));
+        }
+        if (c->pad) CHECK(pad_written == 0, name, "%zu elements of the row padding were written", pad_written);
         judge(name, c, &b, out, ref);
         free(out);
     }
@@ -240,7 +256,7 @@ static void run_case(const Case *c, const char *what) {
 
 // One small fp32 NONE product of M rows through matmul_lt; its status.
 static cublasStatus_t small_product(float *y, const float *x, const float *W, int M) {
-    return matmul_lt(lt, MATMUL_LT_NONE, y, DTYPE_F32, x, W, DTYPE_F32, NULL, M, 32, 16, NULL, stream);
+    return matmul_lt(lt, MATMUL_LT_NONE, y, 32, x, W, DTYPE_F32, NULL, M, 32, 16, NULL, stream);
 }
 
 static void test_cache(void) {
@@ -264,7 +280,7 @@ static void test_cache(void) {
 
     // A product, then as many new shapes as the cache holds (it stays full), then the product
     // again: its plan was the least recently used, so it is built anew, and computes the same.
-    Case c = {MATMUL_LT_BIAS, DTYPE_BF16, 3, 1000, 100, 0, 0};
+    Case c = {MATMUL_LT_BIAS, DTYPE_BF16, 3, 1000, 100, 0, 0, 0};
     run_case(&c, " before eviction");
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     for (int m = 1; m <= MATMUL_LT_PLANS && st == CUBLAS_STATUS_SUCCESS; m++) st = small_product(y, x, W, m);
@@ -283,7 +299,7 @@ static void test_cache(void) {
 // the same call made eagerly afterwards (the plan now cached): the same bits. Then both against
 // the unfused steps.
 static void test_graph(MatmulLtEpilogue epilogue, DType dt) {
-    Case c = {epilogue, dt, 77 + (int)epilogue, 384, 256, 0, 0};
+    Case c = {epilogue, dt, 77 + (int)epilogue, 384, 256, 0, 0, 0};
     char name[200];
     case_name(name, sizeof(name), &c, " graph replay");
     Bufs b;
@@ -299,11 +315,11 @@ static void test_graph(MatmulLtEpilogue epilogue, DType dt) {
     const size_t n = (size_t)c.M * c.N;
     float *replayed = NULL, *eager = NULL;
     if (exec && st == CUBLAS_STATUS_SUCCESS) {
-        bufs_reset(&b, &c, b.y_lt);
+        bufs_reset(&b, &c, b.y_lt, c.N);
         cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
         cuda_ok(cudaStreamSynchronize(stream), name);
         replayed = download(b.y_lt, n, out_type(&c));
-        bufs_reset(&b, &c, b.y_lt);
+        bufs_reset(&b, &c, b.y_lt, c.N);
         st = run_lt(&c, &b, b.y_lt);
         cuda_ok(cudaStreamSynchronize(stream), name);
         eager = download(b.y_lt, n, out_type(&c));
@@ -331,18 +347,19 @@ static void test_bad_args(void) {
     void *base;
     float *d = dev_buf(4096, 0, &base);
     const cublasStatus_t inv = CUBLAS_STATUS_INVALID_VALUE;
-    cublasStatus_t e[7] = {
-        matmul_lt(lt, MATMUL_LT_BIAS, d, DTYPE_F32, d, d, DTYPE_F32, NULL, 4, 4, 4, NULL, stream),  // no bias
-        matmul_lt(lt, MATMUL_LT_BIAS, d, DTYPE_BF16, d, d, DTYPE_BF16, d, 4, 4, 4, NULL, stream),   // bias, bf16 y
-        matmul_lt(lt, MATMUL_LT_BIAS_GELU, d, DTYPE_BF16, d, d, DTYPE_BF16, d, 4, 4, 4, NULL, stream),  // no scratch
-        matmul_lt(lt, MATMUL_LT_NONE, d, DTYPE_F32, d, d, (DType)7, NULL, 4, 4, 4, NULL, stream),
-        matmul_lt(lt, MATMUL_LT_NONE, d, DTYPE_F32, d, d, DTYPE_F32, NULL, 4, 0, 4, NULL, stream),
-        matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, d, DTYPE_F32, d, d, DTYPE_F32, d, 4, 4, 4, NULL, stream),
-        matmul_lt(lt, MATMUL_LT_NONE, d, DTYPE_F32, d, d, DTYPE_F32, NULL, 0, 4, 4, NULL, stream),  // M = 0
+    cublasStatus_t e[8] = {
+        matmul_lt(lt, MATMUL_LT_BIAS, d, 4, d, d, DTYPE_F32, NULL, 4, 4, 4, NULL, stream),       // no bias
+        matmul_lt(lt, MATMUL_LT_NONE, d, 3, d, d, DTYPE_BF16, NULL, 4, 4, 4, NULL, stream),      // ldy < N
+        matmul_lt(lt, MATMUL_LT_BIAS_GELU, d, 4, d, d, DTYPE_F32, d, 4, 4, 4, NULL, stream),     // fp32: no scratch
+        matmul_lt(lt, MATMUL_LT_NONE, d, 4, d, d, (DType)7, NULL, 4, 4, 4, NULL, stream),
+        matmul_lt(lt, MATMUL_LT_NONE, d, 4, d, d, DTYPE_F32, NULL, 4, 0, 4, NULL, stream),
+        matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, d, d, d, DTYPE_F32, d, 4, 4, 4, NULL, stream),
+        matmul_lt(lt, MATMUL_LT_BIAS_GELU, d, 8, d, d, DTYPE_F32, d, 4, 4, 4, d + 64, stream),  // fp32: ldy != N
+        matmul_lt(lt, MATMUL_LT_NONE, d, 4, d, d, DTYPE_F32, NULL, 0, 4, 4, NULL, stream),       // M = 0
     };
-    CHECK(e[0] == inv && e[1] == inv && e[2] == inv && e[3] == inv && e[4] == inv && e[5] == inv &&
-              e[6] == CUBLAS_STATUS_SUCCESS,
-          "matmul_lt bad arguments", "got %d %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5], e[6]);
+    CHECK(e[0] == inv && e[1] == inv && e[2] == inv && e[3] == inv && e[4] == inv && e[5] == inv && e[6] == inv &&
+              e[7] == CUBLAS_STATUS_SUCCESS,
+          "matmul_lt bad arguments", "got %d %d %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]);
     cudaFree(base);
 
     if (getenv("GPT2_NO_OOM_TEST")) {  // compute-sanitizer counts the failed allocation as an error
@@ -399,13 +416,16 @@ int main(void) {
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
             for (int mi = 0; mi < 6; mi++) {
                 if (small && (Ms[mi] > 100 || shapes[si].N > 3072)) continue;
-                Case c = {shapes[si].epilogue, (DType)dt, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0};
+                Case c = {shapes[si].epilogue, (DType)dt, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0};
                 run_case(&c, "");
+                // The logits as the engine computes them: rows padded to a multiple of 64.
+                c.pad = shapes[si].N == 50257 ? 47 : 0;
+                if (c.pad && Ms[mi] <= 100) run_case(&c, " ldy 50304");
             }
     // Off their alignment: W, x, bias and y 4 bytes past a 256-byte boundary.
     for (int dt = 0; dt < 2; dt++)
         for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++) {
-            Case c = {(MatmulLtEpilogue)ep, (DType)dt, 33, 1000, 100, 0, 4};
+            Case c = {(MatmulLtEpilogue)ep, (DType)dt, 33, 1000, 100, 0, 4, 0};
             run_case(&c, "");
         }
     test_cache();
