@@ -7,10 +7,9 @@
 // Query t of sequence b sits at position pos + t and attends to cache positions 0..pos + t.
 //
 // Picked per call:
-//   prefill (T > 4): flash-attention tiles of 64 queries x 64 keys, online softmax, causal tiles
-//     skipped, each query tile's keys split over two warp groups. bf16 with HS % 8 == 0: tensor
-//     cores (mma.sync m16n8k16, fp32 accumulation and softmax, P rounded to bf16 for P.V); fp32
-//     (or odd HS): fp32 FMA throughout.
+//   prefill (T > 4): flash-attention tiles of 64 queries (bf16 with many blocks: 128) x 64 keys,
+//     online softmax, causal tiles skipped. bf16 with HS % 8 == 0: tensor cores (mma.sync m16n8k16,
+//     fp32 accumulation and softmax, P rounded to bf16 for P.V); fp32 (or odd HS): fp32 FMA throughout.
 //   decode (T <= 4): flash-decoding. Each (b, h)'s keys are cut into chunks handled by separate
 //     blocks that write partial (max, sum, acc) into the workspace; the last of a head's blocks to
 //     finish merges them (one launch). So B=1 with a long cache still fills the GPU. T = 1 streams

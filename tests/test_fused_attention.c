@@ -199,6 +199,7 @@ int main(void) {
         {2, 67, 3, 5, 20, 90, 1, 1, 0},         // HS=20: element-wise loads
         {8, 130, 10, 25, 64, 150, 1, 1, 0},     // many blocks: the fp32 kernel's 64-query tiles
         {8, 130, 0, 30, 20, 140, 1, 1, 0},      // the same for the element-wise (odd HS) path
+        {8, 300, 77, 12, 64, 400, 1, 1, 0},     // bf16 128-query blocks, the prefix off the 64-key tiles
         {1, 1, 2000, 2, 20, 2048, 1, 1, 0},     // decode HS=20, many splits
         {2, 100, 20, 2, 64, 130, 30, 1, 0},     // large scores, prefill
         {4, 1, 500, 12, 64, 512, 30, 1, 0},     // large scores, decode
