@@ -2,7 +2,7 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [ncu] [ncu_forward] [trace]
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [crossover] [ncu] [ncu_forward] [trace]
 # (default: all but units, which runs only the GPU unit tests, a subset of maketest; ncu, which
 # times each kernel of a batch-1 decode step alone, warm caches and free clocks; and trace, which
 # builds `make TRACE=1` and times the kernels inside the replayed batch-1 decode graph: docs/PERF.md,
@@ -94,6 +94,12 @@ PY
             --no-profile >"$out/ncu_forward.csv" 2>"$out/ncu_forward.err"
         python3 scripts/ncu_summary.py "$out/ncu_forward.csv" >"$out/ncu_forward.txt"
         grep "^forward" "$out/ncu_forward.txt" | awk '{print $(NF-1), $0}' | sort -n | tail -n 4 | cut -d' ' -f2- ;;
+    crossover)  # decode at small batches through the fused GEMVs and through cuBLASLt (ops_fused.cu, fused_rows)
+        for rows in default 0; do
+            echo "GPT2_FUSED_ROWS=$rows"
+            GPT2_FUSED_ROWS=${rows#default} ./gpt2 bench --quick --path fused --dtype bf16 --batches 1,2,4,8,16,32 \
+                --prompts 16 --no-forward --no-profile 2>/dev/null | grep " decode "
+        done | tee "$out/crossover.txt" ;;
     bench)  # the bf16 table of docs/PERF.md, quick: fused and reference, batches 1, 8, 64
         ./gpt2 bench --quick --dtype bf16 --json "$out/bench_quick.json" 2>/dev/null | tee "$out/bench_quick.txt" ;;
     trace)

@@ -1,6 +1,7 @@
 // The GPU engine through the Engine API, on random models built in memory: the fused and reference
-// paths against the CPU engine, KV-cache decoding against one full forward (B = 1 and B > 1), the
-// fused path's graph-replayed, device-sampled decode step, bf16 against fp32, the LayerNorm-folded
+// paths against the CPU engine, KV-cache decoding against one full forward (B = 1 and B > 1; a
+// one-sequence step on the fused path is the persistent decode kernel where the shape allows: head
+// size 64 or 32, C a multiple of 8), the fused path's graph-replayed, device-sampled decode step, bf16 against fp32, the LayerNorm-folded
 // vectors, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips
 // without a GPU.
 #include <math.h>
@@ -137,13 +138,14 @@ static void check_against_cpu(const GPT2Model *m, Backend backend, const char *t
 
 // KV cache: a prefill of P tokens, then chunks and single-token steps through the cache, each
 // logits row compared with the same position of one full forward over the whole sequence.
-static void check_decode(const GPT2Model *m, Backend backend, const char *tag, int B, int T, int P) {
+static void check_decode_dt(const GPT2Model *m, Backend backend, const char *tag, int B, int T, int P, DType dt,
+                            double tol) {
     char name[160];
-    snprintf(name, sizeof(name), "gpu_%s_kv_decode_%s_B%d", path_name(backend), tag, B);
+    snprintf(name, sizeof(name), "gpu_%s_kv_decode_%s_%s_B%d", path_name(backend), tag, dtype_name(dt), B);
     Error err;
     int V = m->config.vocab_size;
-    Engine *full = make_engine(m, backend, DTYPE_F32, B, T, &err);
-    Engine *inc = full ? make_engine(m, backend, DTYPE_F32, B, T, &err) : NULL;
+    Engine *full = make_engine(m, backend, dt, B, T, &err);
+    Engine *inc = full ? make_engine(m, backend, dt, B, T, &err) : NULL;
     if (!full || !inc) {
         CHECK(0, name, "engine_create: %s", err.msg);
         engine_free(full);
@@ -167,11 +169,15 @@ static void check_decode(const GPT2Model *m, Backend backend, const char *tag, i
         pos += n;
     }
     if (rc) CHECK(0, name, "forward: %s", err.msg);
-    else CHECK(worst <= 1e-5, name, "worst rel_l2 %.3g over the steps (tolerance 1e-5)", worst);
-    if (rc == 0 && worst <= 1e-5) printf("  %s: worst rel_l2 %.3g\n", name, worst);
+    else CHECK(worst <= tol, name, "worst rel_l2 %.3g over the steps (tolerance %.0e)", worst, tol);
+    if (rc == 0 && worst <= tol) printf("  %s: worst rel_l2 %.3g\n", name, worst);
     free(tok), free(ref), free(step), free(chunk);
     engine_free(full);
     engine_free(inc);
+}
+
+static void check_decode(const GPT2Model *m, Backend backend, const char *tag, int B, int T, int P) {
+    check_decode_dt(m, backend, tag, B, T, P, DTYPE_F32, 1e-5);
 }
 
 // The decode step as generation runs it on the fused path: a CUDA graph per batch size replayed
@@ -440,12 +446,17 @@ int main(void) {
         for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
             check_against_cpu(&m, be, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
             check_decode(&m, be, big[i].name, 2, big[i].config.max_seq_len, 5);
+            // One sequence: the fused path's persistent decode kernel (HS = 64) against the loop's
+            // full forward, in both dtypes.
+            check_decode(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5);
+            check_decode_dt(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         }
+        check_graph_decode(&m, big[i].name, DTYPE_F32, 1, big[i].config.max_seq_len, 5);
         gpt2_model_free(&m);
     }
     GPT2Model ml;
     make_model(&ml, (GPT2Config){.max_seq_len = 1024, .vocab_size = 300, .padded_vocab_size = 384, .num_layers = 2,
-                                 .num_heads = 2, .channels = 64},
+                                 .num_heads = 2, .channels = 128},
                DTYPE_F32, 300, 0.1f);
     for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
         check_decode(&ml, be, "long1024", 1, 1024, 1000);
