@@ -26,7 +26,7 @@
 
 // One layer's parameters on the device. Matrices in the compute dtype (a `void *` that is float or
 // __nv_bfloat16); LayerNorm gamma/beta and biases always fp32.
-typedef struct GpuLayer {
+typedef struct {
     const float *ln1w, *ln1b;   // [C]
     const void *qkvw;           // [3C, C] rows q | k | v
     const float *qkvb;          // [3C]
@@ -66,7 +66,6 @@ typedef struct GpuState {
     const float *lnfw, *lnfb;    // [C]
     const float *lnf_s, *lnf_b;  // [Vp] folded lnf -> logits (s_n = sum_k wte_nk lnfw_k, b'_n = sum_k wte_nk lnfb_k)
     GpuLayer *layers;            // [L], host array of device pointers
-    const GpuLayer *layers_dev;  // the same table in device memory, for kernels that walk the layers
 
     // Activations, sized for max_batch * max_seq rows (R)
     int *tokens;          // [R]
@@ -110,11 +109,6 @@ typedef struct {
     int (*attn_out)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*mlp_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*mlp_out)(GpuState *s, const GpuStep *st, int l, Error *err);
-    // NULL, or the whole model for a step of one token of one sequence (B = T = 1) in place of the
-    // embedding, the five ops per layer and the logits: 0 done, -1 error, 1 declined (this device
-    // or shape cannot; the loop runs instead). Same inputs and outputs as the loop: tokens_dev, the
-    // cache, s->x, s->logits.
-    int (*decode_model)(GpuState *s, const GpuStep *st, const int *tokens_dev, Error *err);
     // lnf + wte^T into s->logits: rows b*T + t for all positions, or one row b per sequence (its
     // last token, row b*T + T-1 of x) when !all_positions. Row stride s->logits_ld.
     int (*logits)(GpuState *s, const GpuStep *st, int all_positions, Error *err);

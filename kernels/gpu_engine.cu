@@ -162,8 +162,6 @@ static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
     total += align256(folded_floats * sizeof(float));
     size_t biases_c_off = total;  // qkvb and fcb in the compute dtype (bf16 only)
     if (dt != DTYPE_F32) total += align256(L * 7 * C * dtype_size(dt));
-    size_t layers_dev_off = total;  // the layer table, for kernels that walk every layer
-    total += align256(L * sizeof(GpuLayer));
     if (gpu_alloc(&g->weights, total, "the weights", err)) return -1;
     g->weight_bytes = total;
 
@@ -229,7 +227,6 @@ static int upload_weights(GpuEngine *g, const GPT2Model *m, Error *err) {
             ly->fcb_c = b + 3 * C * ds;
         }
     }
-    s->layers_dev = (const GpuLayer *)(base + layers_dev_off);  // filled once the cache exists (alloc_cache)
     float *lf = folded + L * 14 * C;
     s->lnf_s = lf;
     s->lnf_b = lf + s->Vp;
@@ -249,9 +246,6 @@ static int alloc_cache(GpuEngine *g, Error *err) {
         s->layers[l].k_cache = (char *)g->cache + (size_t)l * per;
         s->layers[l].v_cache = (char *)g->cache + ((size_t)s->L + l) * per;
     }
-    // The layer table is now whole; the host copy outlives the stream's work, so this may be async.
-    CUDA_TRY(cudaMemcpyAsync((void *)s->layers_dev, s->layers, s->L * sizeof(GpuLayer), cudaMemcpyHostToDevice,
-                             s->stream));
     return 0;
 }
 
@@ -322,10 +316,6 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
     GpuState *s = &g->s;
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
-    if (ops->decode_model && st->B == 1 && st->T == 1 && !profile && !trace) {  // the loop times and traces layers
-        const int rc = ops->decode_model(s, st, tokens_dev, err);
-        if (rc <= 0) return rc;
-    }
     CUDA_TRY(embedding_forward(s->x, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos, st->pos_device, s->C,
                                s->dtype, stream));
     MARK();

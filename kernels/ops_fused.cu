@@ -27,11 +27,9 @@
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
 #include <stdlib.h>
-#include <string.h>
 
 #include "block_ops.h"
 #include "cuda_check.h"
-#include "decode_persistent.h"
 #include "fused_attention.h"
 #include "fused_ln_linear.h"
 #include "linear_residual.h"
@@ -47,7 +45,8 @@
 // bf16: 8 rows at GPT-2 124M's width (batch-8 decode 14.7k tokens/s through the GEMVs against
 // 12.4k through cuBLASLt), 4 at wider models, where the GEMV's rows of K = 1600 and more leave
 // too few loads in flight per warp (1558M batch-8 decode: 1.7k tokens/s against 2.3k).
-// GPT2_FUSED_ROWS=N overrides it (0: every step through cuBLASLt), to measure the crossover.
+// GPT2_FUSED_ROWS=N overrides it (0: every step through cuBLASLt), to measure the crossover
+// (scripts/gpu_check.sh crossover).
 static int fused_rows(const GpuState *s) {
     static int forced = -2;  // -2: not read yet; -1: not set
     if (forced == -2) {
@@ -74,14 +73,9 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     return 0;
 }
 
-// The workspace, allocated zeroed with the activations (s->workspace): fused_attention's flash-
-// decoding partials and split counters, then decode_persistent's vectors, partials and barrier.
-static size_t attention_workspace_bytes(const GpuState *s) {
-    return (fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq) + 255) & ~(size_t)255;
-}
-
+// Flash-decoding partials and split counters, allocated zeroed with the activations (s->workspace).
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return attention_workspace_bytes(s) + decode_persistent_workspace_size(s->C, s->NH, s->HS, s->max_seq);
+    return fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq);
 }
 
 static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err) {
@@ -89,7 +83,7 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     // In a decode graph the position is read on the device; the host's only bounds it.
     const int pos = st->pos_device ? s->max_seq - st->T : st->pos;
     FUSED_TRY(fused_attention(s->q, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos, st->pos_device,
-                              s->NH, s->HS, s->max_seq, s->workspace, attention_workspace_bytes(s), s->stream));
+                              s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes, s->stream));
     return 0;
 }
 
@@ -147,27 +141,6 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
     return 0;
 }
 
-// A batch-1 decode step as one persistent kernel (decode_persistent.h): ~63 dependent launches
-// become one, with grid barriers in place of kernel boundaries. GPT2_PERSISTENT=0 turns it off,
-// to measure what it is worth.
-static int fused_decode_model(GpuState *s, const GpuStep *st, const int *tokens_dev, Error *err) {
-    static int enabled = -1;
-    if (enabled < 0) {
-        const char *env = getenv("GPT2_PERSISTENT");
-        enabled = !(env && !strcmp(env, "0"));
-    }
-    if (!enabled || !decode_persistent_supported(s->C, s->HS, s->dtype)) return 1;
-    DecodePersistentArgs a;
-    a.L = s->L, a.C = s->C, a.NH = s->NH, a.HS = s->HS, a.V = s->V, a.max_seq = s->max_seq, a.dtype = s->dtype;
-    a.layers = s->layers_dev, a.wte = s->wte, a.wpe = s->wpe, a.lnfw = s->lnfw, a.lnfb = s->lnfb;
-    a.token = tokens_dev, a.pos_device = st->pos_device;
-    a.pos = st->pos_device ? s->max_seq - 1 : st->pos;  // in a graph, only the bound
-    a.x = s->x, a.logits = s->logits;
-    a.workspace = (char *)s->workspace + attention_workspace_bytes(s);
-    FUSED_TRY(decode_persistent(&a, s->stream));
-    return 0;
-}
-
 const BlockOps fused_ops = {
     .name = "gpu",
     .unfused_buffers = 1,  // ln and scratch for the cuBLASLt route of many rows
@@ -179,6 +152,5 @@ const BlockOps fused_ops = {
     .attn_out = fused_attn_out,
     .mlp_in = fused_mlp_in,
     .mlp_out = fused_mlp_out,
-    .decode_model = fused_decode_model,
     .logits = fused_logits,
 };

@@ -86,6 +86,5 @@ const BlockOps reference_ops = {
     .attn_out = ref_attn_out,
     .mlp_in = ref_mlp_in,
     .mlp_out = ref_mlp_out,
-    .decode_model = NULL,
     .logits = ref_logits,
 };

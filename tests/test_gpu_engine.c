@@ -1,7 +1,7 @@
 // The GPU engine through the Engine API, on random models built in memory: the fused and reference
-// paths against the CPU engine, KV-cache decoding against one full forward (B = 1 and B > 1; a
-// one-sequence step on the fused path is the persistent decode kernel where the shape allows: head
-// size 64 or 32, C a multiple of 8), the fused path's graph-replayed, device-sampled decode step, bf16 against fp32, the LayerNorm-folded
+// paths against the CPU engine, KV-cache decoding against one full forward (B = 1 and B > 1, fp32
+// and bf16, head sizes 32 and 64, contexts up to 1024), the fused path's graph-replayed,
+// device-sampled decode step, bf16 against fp32, the LayerNorm-folded
 // vectors, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips
 // without a GPU.
 #include <math.h>
@@ -446,8 +446,7 @@ int main(void) {
         for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
             check_against_cpu(&m, be, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
             check_decode(&m, be, big[i].name, 2, big[i].config.max_seq_len, 5);
-            // One sequence: the fused path's persistent decode kernel (HS = 64) against the loop's
-            // full forward, in both dtypes.
+            // One sequence, both dtypes: the decode GEMVs at GPT-2's head size and widths.
             check_decode(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5);
             check_decode_dt(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         }
