@@ -42,9 +42,11 @@
     } while (0)
 
 // The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
-// bf16: 8 rows at GPT-2 124M's width (batch-8 decode 14.7k tokens/s through the GEMVs against
-// 12.4k through cuBLASLt), 4 at wider models, where the GEMV's rows of K = 1600 and more leave
-// too few loads in flight per warp (1558M batch-8 decode: 1.7k tokens/s against 2.3k).
+// bf16: 4. Decode of GPT-2 124M on an H200 (bench, 64 new tokens, a7929be), GEMVs against cuBLASLt:
+// B=1 3,517 vs 1,944 tokens/s, B=2 5,827 vs 3,876, B=4 9,922 vs 7,838, B=8 14,546 vs 15,539 (the
+// GEMV's rows of x leave too few loads in flight per warp from 8 rows on; wider models cross over
+// earlier still: 1558M B=8 1.7k vs 2.3k). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the
+// GEMV stays ahead to M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
 // GPT2_FUSED_ROWS=N overrides it (0: every step through cuBLASLt), to measure the crossover
 // (scripts/gpu_check.sh crossover).
 static int fused_rows(const GpuState *s) {
@@ -54,7 +56,7 @@ static int fused_rows(const GpuState *s) {
         forced = env && *env ? atoi(env) : -1;
     }
     if (forced >= 0) return forced;
-    return s->dtype == DTYPE_BF16 ? (s->C <= 768 ? 8 : 4) : 16;
+    return s->dtype == DTYPE_BF16 ? 4 : 16;
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {

@@ -52,11 +52,13 @@ def main():
     rows = collections.defaultdict(list)
     names = {}
     used = 0
+    seen = []  # kernels with all three stamps, per step
     for step in steps:
         grids = collections.OrderedDict()
         for gid, t, ev, _sm, _blocks, _threads in step:
             grids.setdefault(gid, {0: [], 1: [], 2: []})[ev].append(t)
         ks = sorted((min(v[0]), gid, v) for gid, v in grids.items() if v[0] and v[1] and v[2])
+        seen.append(len(ks))
         if len(ks) != expected:
             continue  # not a decode step (a prefill) or an incomplete one
         used += 1
@@ -72,7 +74,9 @@ def main():
             rows[name].append((last_exit - release, (nxt - last_exit) if nxt else None, release - start))
             names[name] = i
     if not used:
-        sys.exit(f"trace_decode.py: no decode step of {expected} kernels found (--layers?)")
+        counts = collections.Counter(seen)
+        sys.exit(f"trace_decode.py: no decode step of {expected} kernels found (--layers?); steps by kernels "
+                 f"with all three stamps: {dict(sorted(counts.items()))}")
     print(f"{used} decode steps; median us per kernel (times {a.layers} for a layer's ops)")
     print(f"{'kernel':10s} {'busy':>7s} {'boundary':>9s} {'early':>7s}")
     total = 0.0
