@@ -6,8 +6,8 @@
 
 The file (kernels/kernel_trace.cuh): a uint32 count, then records of (grid id, time ns, event, SM,
 blocks, threads), one per block and event: 0 the block started, 1 its pdl_wait() returned (the
-previous kernel had completed), 2 it exited. A step runs from one embedding kernel's start to the
-next (the host waits for each step's ids in between, so steps are separated by idle gaps); its
+previous kernel had completed), 2 it exited. A step runs until its first kernel's grid id comes
+back (the next replay of the graph); its
 kernels are, in launch order, the embedding, five per layer (qkv, attention, proj, fc, fcproj), the
 logits and the sampler. Per kernel, the median over the decode steps (a prefill has other kernels
 and is left out):
@@ -39,14 +39,18 @@ def main():
     recs = sorted(read(a.trace), key=lambda r: r[1])
     if not recs:
         sys.exit("trace_decode.py: no records (was the binary built with make TRACE=1?)")
-    # Steps: the host waits for each step's ids, so steps are runs of records with gaps of more
-    # than 8 us between them.
-    steps, cur = [], [recs[0]]
-    for prev, r in zip(recs, recs[1:]):
-        if r[1] - prev[1] > 8000:
+    # Steps: a graph's replays reuse its kernels' grid ids, so a step ends where a grid id of the
+    # current step comes back after more than 100 us (a kernel's own records span a few tens of
+    # us; a step, hundreds). Time gaps alone do not separate steps: the logits kernel's blocks are
+    # quiet for ~14 us inside a step, about as long as the host's turnaround between steps.
+    steps, cur, last = [], [], {}
+    for r in recs:
+        gid, t = r[0], r[1]
+        if gid in last and t - last[gid] > 100_000:
             steps.append(cur)
-            cur = []
+            cur, last = [], {}
         cur.append(r)
+        last[gid] = t
     steps.append(cur)
     expected = 1 + 5 * a.layers + 2
     rows = collections.defaultdict(list)
