@@ -22,8 +22,8 @@ static int ref_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, C, 1, 0, s->dtype, s->stream));
     CUBLAS_TRY(matmul_nt(s->cublas, s->scratch, 3 * C, s->ln, ly->qkvw, st->M, 3 * C, C, s->dtype));
     CUDA_TRY(bias_add(s->scratch, ly->qkvb, st->M, 3 * C, s->stream));
-    CUDA_TRY(qkv_to_heads(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, NULL, s->NH, s->HS,
-                          s->max_seq, 0, s->dtype, s->stream));
+    CUDA_TRY(qkv_to_heads(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, s->NH, s->HS,
+                          s->max_seq, s->dtype, s->stream));
     return 0;
 }
 

@@ -27,13 +27,12 @@ cudaError_t gelu_forward(void *out, const float *y, size_t n, DType dt, cudaStre
 cudaError_t residual_add_bias(float *x, const float *y, const float *b, int M, int N, cudaStream_t stream);
 
 // attention_layout.cu: the rows <-> heads moves around the reference attention.
-// qkv: fp32 [B*T, 3C] with bias. q -> [B, NH, T, HS] dtype (q_rows: kept as rows [B*T, C]); k, v ->
-// the cache at positions pos + t (pos_device, when not NULL, holds the position on the device).
-cudaError_t qkv_to_heads(void *q, void *k_cache, void *v_cache, const float *qkv, int B, int T, int pos,
-                         const int *pos_device, int NH, int HS, int max_seq, int q_rows, DType dt,
-                         cudaStream_t stream);
+// qkv: fp32 [B*T, 3C] with bias. q -> [B, NH, T, HS] dtype; k, v -> the cache at positions pos + t.
+cudaError_t qkv_to_heads(void *q, void *k_cache, void *v_cache, const float *qkv, int B, int T, int pos, int NH,
+                         int HS, int max_seq, DType dt, cudaStream_t stream);
 // qkv: dtype [B*T, 3C] with bias (the fused table's cuBLASLt product). q -> rows [B*T, C]; k, v as
-// qkv_to_heads's. dtype is fp32 or bf16 (the kernel only copies).
+// qkv_to_heads's (pos_device, when not NULL, holds the position on the device: a decode graph).
+// dtype is fp32 or bf16 (the kernel only copies).
 cudaError_t qkv_split(void *q, void *k_cache, void *v_cache, const void *qkv, int B, int T, int pos,
                       const int *pos_device, int NH, int HS, int max_seq, DType dt, cudaStream_t stream);
 // y: fp32 [B, NH, T, HS] -> out: dtype [B*T, C] (heads side by side).
