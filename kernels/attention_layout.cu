@@ -11,36 +11,44 @@
 #include "kernel_util.h"
 #include "reference_kernels.h"
 
+// Element i of rows [B*T, NH*HS] (heads side by side): its row b*T + t, column c = h*HS + d.
+struct RowHead {
+    size_t row;
+    int t, b, c, h, d;
+};
+__device__ __forceinline__ RowHead row_head(size_t i, int T_, int NH, int HS) {
+    RowHead r;
+    const int C = NH * HS;
+    r.c = (int)(i % C);
+    r.row = i / C;
+    r.t = (int)(r.row % T_), r.b = (int)(r.row / T_);
+    r.h = r.c / HS, r.d = r.c % HS;
+    return r;
+}
+
 template <typename T>
 __global__ void qkv_to_heads_kernel(T *__restrict__ q, T *__restrict__ kc, T *__restrict__ vc,
                                     const float *__restrict__ qkv, int B, int T_, int pos, int NH, int HS,
                                     int max_seq) {
-    int C = NH * HS;
-    size_t n = (size_t)B * T_ * C;
+    const int C = NH * HS;
+    const size_t n = (size_t)B * T_ * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int c = (int)(i % C);
-        size_t row = i / C;
-        int t = (int)(row % T_), b = (int)(row / T_);
-        int h = c / HS, d = c % HS;
-        const float *src = qkv + row * 3 * C;
-        size_t bh = (size_t)b * NH + h;
-        q[(bh * T_ + t) * HS + d] = from_f32<T>(src[c]);
-        size_t cache = (bh * max_seq + pos + t) * HS + d;
-        kc[cache] = from_f32<T>(src[C + c]);
-        vc[cache] = from_f32<T>(src[2 * C + c]);
+        const RowHead r = row_head(i, T_, NH, HS);
+        const float *src = qkv + r.row * 3 * C;
+        const size_t bh = (size_t)r.b * NH + r.h;
+        q[(bh * T_ + r.t) * HS + r.d] = from_f32<T>(src[r.c]);
+        const size_t cache = (bh * max_seq + pos + r.t) * HS + r.d;
+        kc[cache] = from_f32<T>(src[C + r.c]);
+        vc[cache] = from_f32<T>(src[2 * C + r.c]);
     }
 }
 
 template <typename T>
 __global__ void heads_to_rows_kernel(T *__restrict__ out, const float *__restrict__ y, int B, int T_, int NH, int HS) {
-    int C = NH * HS;
-    size_t n = (size_t)B * T_ * C;
+    const size_t n = (size_t)B * T_ * NH * HS;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int c = (int)(i % C);
-        size_t row = i / C;
-        int t = (int)(row % T_), b = (int)(row / T_);
-        int h = c / HS, d = c % HS;
-        out[i] = from_f32<T>(y[(((size_t)b * NH + h) * T_ + t) * HS + d]);
+        const RowHead r = row_head(i, T_, NH, HS);
+        out[i] = from_f32<T>(y[(((size_t)r.b * NH + r.h) * T_ + r.t) * HS + r.d]);
     }
 }
 
@@ -67,15 +75,12 @@ __global__ void qkv_split_kernel(U *__restrict__ q, U *__restrict__ kc, U *__res
     const int Cu = NH * HSu;
     const size_t n = (size_t)B * T_ * Cu;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const int c = (int)(i % Cu);
-        const size_t row = i / Cu;
-        const int t = (int)(row % T_), b = (int)(row / T_);
-        const int h = c / HSu, d = c % HSu;
-        const U *src = qkv + row * 3 * Cu;
-        q[i] = src[c];
-        const size_t cache = (((size_t)b * NH + h) * max_seq + pos + t) * HSu + d;
-        kc[cache] = src[Cu + c];
-        vc[cache] = src[2 * Cu + c];
+        const RowHead r = row_head(i, T_, NH, HSu);
+        const U *src = qkv + r.row * 3 * Cu;
+        q[i] = src[r.c];
+        const size_t cache = (((size_t)r.b * NH + r.h) * max_seq + pos + r.t) * HSu + r.d;
+        kc[cache] = src[Cu + r.c];
+        vc[cache] = src[2 * Cu + r.c];
     }
 }
 
