@@ -28,6 +28,7 @@
 // maximum; where a stream may start on keys a query cannot see (a decode chunk past pos + t, the
 // second warp group of a prefill block), -inf maxima are kept out of the exponents explicitly.
 #include "fused_attention.h"
+#include "mma.cuh"
 #include "pdl.cuh"
 
 #include <cuda_bf16.h>
@@ -71,13 +72,6 @@ __device__ __forceinline__ float4 load4(const bf16 *p) {
     return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
                        __uint_as_float(v.y & 0xffff0000u));
 }
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // rows x cols of E from global (row stride src_stride) into shared (row stride dst_stride), rows at
 // or past rows_valid as zeros. vec: cols % (16 / sizeof(E)) == 0 and 16-byte aligned rows, through
@@ -301,7 +295,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q
     __syncthreads();
     finish_split(part + bh * splits * ((size_t)HS + 2), counters + bh, outh, 1, HS, C, split, splits, res, ms, ls);
 }
-
 
 // Shared-memory layout of attn_decode, shared by host and device. Two K/V stages (the next tile's
 // cp.async in flight while this one is used) when they fit in 32 KB, so that 6 or more blocks still
@@ -734,26 +727,6 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_simt(const E *__restric
 // ----------------------------------------------------------------------------
 // Prefill on tensor cores (bf16)
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16 *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // 2^x in one MUFU op (flush-to-zero, ~2 ulp): the bf16 path rounds P to 8 bits anyway, where
 // exp2f's denormal handling costs four more instructions per score.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -845,11 +818,11 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
 #pragma unroll
         for (int kk = 0; kk < HSP / 32; kk++) {
             uint32_t kf[4];
-            ldsm_x4(kf, Kb + (n * 8 + (lane & 7)) * ST + kk * 32 + (lane >> 3) * 8);
+            ldmatrix_x4(kf, Kb + (n * 8 + (lane & 7)) * ST + kk * 32 + (lane >> 3) * 8);
 #pragma unroll
             for (int mi = 0; mi < MI; mi++) {
-                mma_bf16(s[mi][n], qf[mi][2 * kk], kf[0], kf[1]);
-                mma_bf16(s[mi][n], qf[mi][2 * kk + 1], kf[2], kf[3]);
+                mma_bf16_16816(s[mi][n], qf[mi][2 * kk], kf[0], kf[1]);
+                mma_bf16_16816(s[mi][n], qf[mi][2 * kk + 1], kf[2], kf[3]);
             }
         }
     }
@@ -918,11 +891,11 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
 #pragma unroll
         for (int nd = 0; nd < HSP / 16; nd++) {
             uint32_t vf[4];
-            ldsm_x4_trans(vf, Vb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + nd * 16 + (lane >> 4) * 8);
+            ldmatrix_x4_trans(vf, Vb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + nd * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int mi = 0; mi < MI; mi++) {
-                mma_bf16(o[mi][2 * nd], a[mi], vf[0], vf[1]);
-                mma_bf16(o[mi][2 * nd + 1], a[mi], vf[2], vf[3]);
+                mma_bf16_16816(o[mi][2 * nd], a[mi], vf[0], vf[1]);
+                mma_bf16_16816(o[mi][2 * nd + 1], a[mi], vf[2], vf[3]);
             }
         }
     }
@@ -981,7 +954,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int kk = 0; kk < NK; kk++)
-            ldsm_x4(qf[mi][kk], Qs + ((wr0 - q0) + mi * 16 + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8);
+            ldmatrix_x4(qf[mi][kk], Qs + ((wr0 - q0) + mi * 16 + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8);
 
     float o[MI][NO][4], m[MI][2], l[MI][2];
 #pragma unroll

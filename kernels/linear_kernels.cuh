@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "mma.cuh"
 #include "pdl.cuh"
 
 namespace lin {
@@ -509,15 +510,6 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
 // shared memory then applies the LayerNorm pieces (shift, row sums, * gamma) and writes the
 // operand layout the math wants: bf16 [m][k] for ldmatrix, or fp32 [k][m] for the FFMA kernel.
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    const int n = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // A [ROWS][BKE] tile of a row-major matrix (row stride ld) at (r0, k0) into dst (row stride dld):
 // 16-byte cp.async chunks, zero-filled outside [nrows, K); plain loads and stores when `vec` is
 // false (K or ld not a multiple of 16 bytes, or an unaligned base).
@@ -536,7 +528,7 @@ __device__ __forceinline__ void load_tile(T *dst, int dld, const T *__restrict__
             T *d = dst + r * dld + kc;
             if (vec) {
                 const bool ok = gr < nrows && gk < K;
-                cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok);
+                cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok ? 16 : 0);
             } else {
 #pragma unroll
                 for (int e = 0; e < EPC; e++) d[e] = (gr < nrows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : T(0.0f);
@@ -611,22 +603,6 @@ struct LnRows {
 
 // ----------------------------------------------------------------------------
 // Tensor-core kernel (bf16 W; x fp32 with LN, bf16 without).
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 
 // ----------------------------------------------------------------------------
 // Tensor-core GEMV (bf16, 4 < M <= 64): the FMA GEMV above turns shared-memory-bound past a few
