@@ -14,6 +14,9 @@
 //             in shared memory and normalises them there (exact two-pass statistics: x is tiny),
 //             so the weights multiply the true LayerNorm output. bf16 with 8 < M <= 16: the same
 //             staging, then tensor cores (mma.sync) fed with W straight from global memory.
+//   bf16, 4 < M <= 32 on sm_90 and later: the cluster GEMV. The same exact statistics and
+//             tensor cores, with the rows of x staged once per cluster of 8 blocks (distributed
+//             shared memory) instead of once per block.
 //   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
 //             (no TF32), cp.async rings; the x tile each K step loads also feeds the row
 //             statistics; the formula above is applied in the epilogue.
@@ -53,14 +56,24 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //   GEMV      FMA GEMV, any M (rows in slices of up to 16, W re-read per slice)
 //   GEMV_TC   bf16 only: tensor-core GEMV, rows in slices of up to 64 (LN: K <= 2048)
 //   TILED_XS  32 x 32 tiles, TILED_S 64 x 64, TILED_L 128 x 128
+//   CLUSTER   bf16 only, sm_90 and later (else cudaErrorNotSupported): cluster GEMV, rows in slices
+//             of up to 64 (LN: K <= 2048)
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,
     LINEAR_PATH_TILED_XS = 2,
     LINEAR_PATH_TILED_S = 3,
     LINEAR_PATH_TILED_L = 4,
-    LINEAR_PATH_GEMV_TC = 5
+    LINEAR_PATH_GEMV_TC = 5,
+    LINEAR_PATH_CLUSTER = 6
 } LinearPath;
+
+// The most rows for which AUTO's kernels beat the unfused route (LayerNorm kernel, cuBLASLt with
+// its epilogues) on the current device, with the LayerNorm (fused_ln_linear) or without
+// (linear_residual), for the engine's routing (measured: docs/PERF.md, "Session 4"): bf16 with
+// LayerNorm 32 where the cluster GEMV runs (sm_90 and later), else 4; fp32 16. 0 when the device
+// cannot be queried.
+int fused_linear_rows(DType wtype, int layernorm);
 
 // QKV output mode (N = 3C, C = num_heads * head_size): column n < C is q, written to q [M, C]
 // (row m, ytype); columns C..2C-1 are k and 2C..3C-1 are v, written straight into this layer's

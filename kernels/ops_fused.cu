@@ -42,26 +42,27 @@
     } while (0)
 
 // The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
-// bf16: 4. Decode of GPT-2 124M on an H200 (bench, 64 new tokens, a7929be), GEMVs against cuBLASLt:
-// B=1 3,517 vs 1,944 tokens/s, B=2 5,827 vs 3,876, B=4 9,922 vs 7,838, B=8 14,546 vs 15,539 (the
-// GEMV's rows of x leave too few loads in flight per warp from 8 rows on; wider models cross over
-// earlier still: 1558M B=8 1.7k vs 2.3k). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the
-// GEMV stays ahead to M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
-// GPT2_FUSED_ROWS=N overrides it (0: every step through cuBLASLt), to measure the crossover
+// With the LayerNorm (attn_in, mlp_in), bf16 on sm_90 and later: 32, the cluster GEMV; without it
+// (the projections, the logits) and before sm_90: 4 (fused_linear_rows). Decode of GPT-2 124M on an
+// H200, bench --quick (docs/PERF.md, "Session 4"): every linear op through the cluster GEMV against
+// all through cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs
+// 57,852, B=64 95,609 vs 117,261; the projections alone lose to cuBLASLt from 8 rows on (the MLP's
+// 10.9 vs 7.0 us). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to
+// M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
+// GPT2_FUSED_ROWS=N overrides both (0: every step through cuBLASLt), to measure the crossover
 // (scripts/gpu_check.sh crossover).
-static int fused_rows(const GpuState *s) {
+static int fused_rows(const GpuState *s, int layernorm) {
     static int forced = -2;  // -2: not read yet; -1: not set
     if (forced == -2) {
         const char *env = getenv("GPT2_FUSED_ROWS");
         forced = env && *env ? atoi(env) : -1;
     }
-    if (forced >= 0) return forced;
-    return s->dtype == DTYPE_BF16 ? 4 : 16;
+    return forced >= 0 ? forced : fused_linear_rows(s->dtype, layernorm);
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {  // q kept as rows for the fused attention
+    if (st->M > fused_rows(s, 1)) {  // q kept as rows for the fused attention
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
                              st->M, 3 * s->C, s->C, NULL, s->stream));
@@ -92,7 +93,7 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {
+    if (st->M > fused_rows(s, 0)) {
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, s->dtype,
                              ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
         return 0;
@@ -103,7 +104,7 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {
+    if (st->M > fused_rows(s, 1)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
                              4 * s->C, s->C, s->scratch, s->stream));
@@ -116,7 +117,7 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s)) {
+    if (st->M > fused_rows(s, 0)) {
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, s->dtype, ly->fcprojb,
                              st->M, s->C, 4 * s->C, NULL, s->stream));
         return 0;
@@ -127,7 +128,7 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    if (rows > fused_rows(s)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
+    if (rows > fused_rows(s, 0)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back

@@ -60,20 +60,30 @@ static inline int pdl_enabled() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed,
-// so that the kernel may start while the previous kernel on the stream finishes. Returns the
-// launch's error.
+// so that the kernel may start while the previous kernel on the stream finishes, in clusters of
+// `cluster` blocks along x when cluster > 1 (sm_90). Returns the launch's error.
 template <typename... Params, typename... Args>
-static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t stream, Args... args) {
-    cudaLaunchAttribute attr[1];
+static inline cudaError_t launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                             unsigned cluster, cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled();
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = cluster;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = cluster > 1 ? 2 : 1;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t stream, Args... args) {
+    return launch_pdl_cluster(kernel, grid, block, smem, 1, stream, args...);
 }

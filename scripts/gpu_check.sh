@@ -97,7 +97,7 @@ PY
     crossover)  # decode at small batches through the fused GEMVs and through cuBLASLt (ops_fused.cu, fused_rows)
         for rows in default 0; do
             echo "GPT2_FUSED_ROWS=$rows"
-            GPT2_FUSED_ROWS=${rows#default} ./gpt2 bench --quick --path fused --dtype bf16 --batches 1,2,4,8,16,32 \
+            GPT2_FUSED_ROWS=${rows#default} ./gpt2 bench --quick --path fused --dtype bf16 --batches 1,2,4,8,16,32,64 \
                 --prompts 16 --no-forward --no-profile 2>/dev/null | grep " decode "
         done | tee "$out/crossover.txt" ;;
     bench)  # the bf16 table of docs/PERF.md, quick: fused and reference, batches 1, 8, 64

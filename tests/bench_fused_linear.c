@@ -1,5 +1,6 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
-//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --one K N dtype M]
+//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --one K N dtype M]
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64})
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -65,6 +66,13 @@ static cublasHandle_t cublas;
 static MatmulLt *lt;
 static cudaEvent_t ev0, ev1;
 static int l2_bytes;
+
+// The cluster GEMV (LINEAR_PATH_CLUSTER) needs thread-block clusters: sm_90 and later.
+static int has_clusters(void) {
+    int major = 0;
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    return major >= 9;
+}
 
 // One variant: enqueue(set) runs it on input set `set`.
 typedef void (*EnqueueFn)(void *ctx, int set);
@@ -260,15 +268,17 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     float *ref = fetch(b.y, (size_t)M * N, dt);
     const double tol = dt == DTYPE_F32 ? 1e-5 : 2e-2;
 
-    const LinearPath paths[] = {LINEAR_PATH_AUTO, LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
-                                LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC};
-    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc"};
-    Timing tf[6];
-    int ran[6] = {0};
-    for (int p = 0; p < 6; p++) {
+    const LinearPath paths[] = {LINEAR_PATH_AUTO,    LINEAR_PATH_GEMV,    LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
+                                LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER};
+    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc", "cluster"};
+    Timing tf[7];
+    int ran[7] = {0};
+    for (int p = 0; p < 7; p++) {
         if (paths[p] == LINEAR_PATH_GEMV_TC && (dt != DTYPE_BF16 || M > 512)) continue;
+        if (paths[p] == LINEAR_PATH_CLUSTER && (dt != DTYPE_BF16 || M > 64 || !has_clusters())) continue;
         if (paths[p] == LINEAR_PATH_GEMV && M > 64) continue;  // slices of 16 rows: pointless beyond
-        if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && M < 16) continue;
+        if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && paths[p] != LINEAR_PATH_CLUSTER && M < 16)
+            continue;
         if (paths[p] == LINEAR_PATH_TILED_XS && M > 512) continue;
         b.path = paths[p];
         if (!validated(enqueue_fused, &b, ref, tol, pname[p])) continue;
@@ -283,7 +293,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     b.gemm_only = 0;
 
     int best = -1;
-    for (int p = 1; p < 6; p++)
+    for (int p = 1; p < 7; p++)
         if (ran[p] && (best < 0 || tf[p].graph_us < tf[best].graph_us)) best = p;
     const double bytes = (double)wbytes + xbytes + (double)M * N * dtype_size(dt);
     const double flops = 2.0 * M * N * K;
@@ -300,7 +310,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
                ran[0] ? tf[0].graph_us / tl.graph_us : 0, bytes / tl.graph_us / 1e3, flops / tl.graph_us / 1e6);
     if (csv) {
         fprintf(csv, "ln,%s,%d,%d,%d", dtype_name(dt), K, N, M);
-        for (int p = 0; p < 6; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
+        for (int p = 0; p < 7; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
         fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f,lt,%.3f,%.3f\n", tb.graph_us, tb.eager_us,
                 tg.graph_us, tg.eager_us, copy_gbps, tl.graph_us, tl.eager_us);
         fflush(csv);
@@ -452,18 +462,26 @@ int main(int argc, char **argv) {
     FILE *csv = getenv("BENCH_CSV") ? fopen(getenv("BENCH_CSV"), "w") : NULL;
 
     if (argc == 6 && !strcmp(argv[1], "--one")) {  // --one K N fp32|bf16 M: one shape (for ncu)
-        bench_ln(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]), NULL);
+        bench_ln(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]), csv);
+        return 0;
+    }
+    const int shapes[][2] = {{768, 3072}, {1024, 4096}};
+    const int rshapes[][2] = {{768, 768}, {3072, 768}};
+    if (argc == 2 && !strcmp(argv[1], "--decode")) {  // bf16 at batched-decode rows: the GEMVs' range
+        const int Md[] = {1, 4, 8, 16, 32, 64};
+        for (int si = 0; si < 2; si++)
+            for (int mi = 0; mi < 6; mi++) bench_ln(shapes[si][0], shapes[si][1], DTYPE_BF16, Md[mi], csv);
+        for (int si = 0; si < 2; si++)
+            for (int mi = 0; mi < 6; mi++) bench_res(rshapes[si][0], rshapes[si][1], DTYPE_BF16, Md[mi]);
         return 0;
     }
     const int Ms[] = {1, 16, 64, 512, 4096};
-    const int shapes[][2] = {{768, 3072}, {1024, 4096}};
     for (int si = 0; si < 2; si++)
         for (int d = 1; d >= 0; d--)
             for (int mi = 0; mi < 5; mi++) {
                 if (quick && Ms[mi] == 4096 && d == 0) continue;
                 bench_ln(shapes[si][0], shapes[si][1], (DType)d, Ms[mi], csv);
             }
-    const int rshapes[][2] = {{768, 768}, {3072, 768}};
     for (int si = 0; si < 2; si++)
         for (int d = 1; d >= 0; d--)
             for (int mi = 0; mi < 5; mi++) bench_res(rshapes[si][0], rshapes[si][1], (DType)d, Ms[mi]);

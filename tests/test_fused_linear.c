@@ -2,7 +2,7 @@
 // every run (the seed is printed): kernels/fused_ln_linear.h (LayerNorm + Linear + GELU, plain
 // and QKV-into-cache outputs, strided rows) and kernels/linear_residual.h.
 //
-// Every kernel path (GEMV, tensor-core GEMV (bf16), tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
+// Every kernel path (GEMV, tensor-core and cluster GEMVs (bf16), tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
 // N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three kinds of rows: N(0, 1)-ish, offset
 // (mean 100, std 1: one-pass variance and W.x - mean*s cancel badly there) and outliers (two
 // channels of +-300..500, one of them inside the first tile that sets the kernels' shift, like
@@ -13,7 +13,7 @@
 //   fp32                              1e-5 against the exact LayerNorm + Linear in fp64
 //   bf16, kernel check                1e-3 against a reference that rounds what the kernel rounds
 //                                     (W; the tiled kernels' tensor-core operand gamma * (x - c), c
-//                                     the kernel's shift; the tensor-core GEMV's normalised x; the
+//                                     the kernel's shift; the tensor-core and cluster GEMVs' normalised x; the
 //                                     output when bf16)
 //   bf16, against exact LayerNorm     1e-2 (the operand rounding itself, reported for reference)
 //   linear_residual                   1e-5 fp32, 1e-4 bf16 (operands are bf16 in memory already)
@@ -147,17 +147,24 @@ static const char *path_name(LinearPath p) {
     case LINEAR_PATH_TILED_S: return "tiled_s";
     case LINEAR_PATH_TILED_L: return "tiled_l";
     case LINEAR_PATH_GEMV_TC: return "gemv_tc";
+    case LINEAR_PATH_CLUSTER: return "cluster";
     default: return "auto";
     }
 }
 
+// 1 when the device has thread-block clusters (sm_90 and later): the cluster GEMV runs there.
+static int has_clusters;
+
 // How a path rounds the bf16 operand (kernels/linear_kernels.cuh, auto_path for AUTO):
-//   0 none (FMA GEMV: fp32 x times bf16 W), 1 tiled (gamma * (x - c) rounded), 2 tensor-core
-//   GEMV (the normalised x rounded).
+//   0 none (FMA GEMV: fp32 x times bf16 W), 1 tiled (gamma * (x - c) rounded), 2 tensor-core and
+//   cluster GEMVs (the normalised x rounded).
 static int path_rounding(LinearPath p, int M, DType wt, int K) {
     if (wt != DTYPE_BF16) return 0;
-    if (p == LINEAR_PATH_AUTO) p = M <= 8 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
-    return p == LINEAR_PATH_GEMV ? 0 : p == LINEAR_PATH_GEMV_TC ? 2 : 1;
+    if (p == LINEAR_PATH_AUTO) {
+        if (has_clusters && M > 4 && M <= 32 && K <= 2048) return 2;
+        p = M <= 8 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
+    }
+    return p == LINEAR_PATH_GEMV ? 0 : (p == LINEAR_PATH_GEMV_TC || p == LINEAR_PATH_CLUSTER) ? 2 : 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -390,16 +397,22 @@ int main(void) {
     // GPT2_TEST_SMALL: fewer and smaller cases, for runs under compute-sanitizer.
     const int small = getenv("GPT2_TEST_SMALL") != NULL;
     const int nshapes = small ? 4 : 9;
+    int cc_major = 0;
+    cuda_ok(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), "compute capability");
+    has_clusters = cc_major >= 9;
+    if (!has_clusters) test_skip("fused linear, cluster path", "the device has no thread-block clusters (before sm_90)");
 
+    // bf16 runs all seven paths (the last two are bf16 only; the cluster GEMV needs sm_90), fp32 the first five.
     const LinearPath paths[] = {LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S, LINEAR_PATH_TILED_L,
-                                LINEAR_PATH_AUTO, LINEAR_PATH_GEMV_TC};
+                                LINEAR_PATH_AUTO, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER};
+    const int npaths_bf16 = has_clusters ? 7 : 6;
     // The last three: the decode GEMV at GPT-2's fc (one row, one group per warp), a W of three
     // groups of long rows (K split over all 8 warps of a block, uneven slices), and batch-8 decode.
     const int shapes[][3] = {{1, 300, 96},    {3, 77, 100},   {17, 300, 97},  {130, 300, 96}, {16, 1024, 768},
                              {64, 200, 768},  {1, 3072, 768}, {2, 10, 2000},  {8, 500, 768}};
     int ci = 0;
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < (wt ? 6 : 5); p++)
+        for (int p = 0; p < (wt ? npaths_bf16 : 5); p++)
             for (int si = 0; si < nshapes; si++, ci++) {
                 LnCase c = {0};
                 c.M = shapes[si][0], c.N = shapes[si][1], c.K = shapes[si][2];
@@ -412,7 +425,7 @@ int main(void) {
             }
     // Numerics: offset rows and outlier channels at GPT-2's width, every path.
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < (wt ? 6 : 5); p++)
+        for (int p = 0; p < (wt ? npaths_bf16 : 5); p++)
             for (int d = DATA_OFFSET; d <= DATA_OUTLIER; d++) {
                 LnCase c = {0};
                 c.M = 33, c.N = small ? 40 : 256, c.K = 768, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_GELU, c.data = d;
@@ -444,9 +457,26 @@ int main(void) {
     const int rshapes[][3] = {{1, 300, 96},     {3, 77, 100},    {17, 300, 97},   {130, 300, 96}, {16, 768, 3072},
                               {200, 192, 768}, {1, 768, 3072}, {5, 13, 1000},  {8, 768, 3072}};
     for (int wt = 0; wt < 2; wt++)
-        for (int p = 0; p < (wt ? 6 : 5); p++)
+        for (int p = 0; p < (wt ? npaths_bf16 : 5); p++)
             for (int si = 0; si < nshapes; si++)
                 run_res_case(rshapes[si][0], rshapes[si][1], rshapes[si][2], (DType)wt, paths[p], si == 2 || si == 5);
+    // The cluster GEMV at batched-decode shapes: GPT-2 124M's qkv and fc at 64 and 40 rows (rows of
+    // x broadcast through the cluster), its projections at 64 rows (the MLP's: K split over a cluster
+    // of 4), and odd long rows whose K slices are uneven or not 16-byte aligned (the small run, for
+    // compute-sanitizer, keeps those: they are the split-K cases).
+    if (has_clusters) {
+        const int lshapes[][4] = {{64, 2304, 768, ACT_NONE}, {40, 3072, 768, ACT_GELU}, {5, 2304, 1024, ACT_NONE}};
+        for (int si = 0; si < (small ? 0 : 3); si++) {
+            LnCase c = {0};
+            c.M = lshapes[si][0], c.N = lshapes[si][1], c.K = lshapes[si][2], c.act = (Activation)lshapes[si][3];
+            c.wt = DTYPE_BF16, c.yt = DTYPE_BF16, c.data = si == 0 ? DATA_OUTLIER : DATA_NORMAL;
+            c.path = LINEAR_PATH_CLUSTER;
+            run_ln_case(&c);
+        }
+        const int cshapes[][3] = {{64, 768, 768}, {64, 768, 3072}, {37, 100, 3000}, {20, 50, 2501}, {64, 9, 6400}};
+        for (int si = small ? 2 : 0; si < 5; si++)
+            run_res_case(cshapes[si][0], cshapes[si][1], cshapes[si][2], DTYPE_BF16, LINEAR_PATH_CLUSTER, si == 1);
+    }
     test_bad_args();
     return test_exit_code();
 }
