@@ -7,20 +7,23 @@
 // where v = acc + b[n] (plain linear), or v = rstd (acc - dmean s[n]) + b'[n] (LayerNorm folded,
 // docs/DESIGN.md; dmean and acc taken around a per-row shift, see "Numerics" in fused_ln_linear.h).
 //
-// Four kernels, picked by the launchers by M and dtype (auto_path, at the end):
+// Five kernels, picked by the launchers by M and dtype (auto_path, at the end):
 //   gemv_kernel     M <= 16 (decode). Each block stages its rows of x in shared memory once
 //                   (normalised there when LN: x is tiny, so the statistics are exact two-pass),
 //                   then each warp streams whole W rows with 16-byte loads, NPW rows at a time,
 //                   every SM busy; lanes split K, a butterfly sums them.
 //   gemv_tc_kernel  bf16, 8 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
 //                   with W straight from global memory into B fragments.
+//   cluster_kernel  bf16, 4 < M <= 32 with LN (64 without) on sm_90: the GEMV layout with the rows
+//                   of x staged once per thread-block cluster through distributed shared memory
+//                   (or K split over the cluster), W in registers feeding mma.sync.
 //   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
 //                   shared memory before the MMAs.
 //   simt_kernel     fp32, larger M: register-tiled FFMA (no TF32: the fp32 path must match fp32
 //                   references to 1e-5), same LN handling as tc_kernel.
-// Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear".
+// Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear" and "Session 4".
 #pragma once
 
 #include <cuda_bf16.h>
