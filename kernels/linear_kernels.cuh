@@ -622,6 +622,24 @@ struct LnRows {
 // bytes per row per lane. x's statistics: one-pass around c = x[row][0] (exact x - c for offset
 // rows; this path is bf16 only, whose operand rounding dwarfs the one-pass error).
 
+// The tensor-core GEMVs' k permutation (here and in cluster_kernel): in each 32-wide K block, lane
+// (gid, tig) holds 16 bytes of its W row at k = 8 tig .. 8 tig + 8 and uses them as the B fragments
+// of two k16 steps; the A fragments are the same 16 bytes of rows gid and gid + 8 of the staged x
+// (the order of the terms of a dot product is free).
+struct AFrag32 {
+    uint32_t a0[4], a1[4];
+};
+__device__ __forceinline__ AFrag32 load_a32(const bf16 *As, int AS, int row, int k) {
+    const uint4 lo = *reinterpret_cast<const uint4 *>(As + row * AS + k);
+    const uint4 hi = *reinterpret_cast<const uint4 *>(As + (row + 8) * AS + k);
+    return AFrag32{{lo.x, hi.x, lo.y, hi.y}, {lo.z, hi.z, lo.w, hi.w}};
+}
+// acc (rows row, row + 8 of a 16-row tile x 8 columns) += that 32-wide K block.
+__device__ __forceinline__ void mma_k32(float (&acc)[4], const AFrag32 &a, uint4 w) {
+    mma_bf16_16816(acc, a.a0, w.x, w.y);
+    mma_bf16_16816(acc, a.a1, w.z, w.w);
+}
+
 constexpr int TG_THREADS = 256;
 constexpr int TG_WARPS = TG_THREADS / 32;
 constexpr int TG_U = 8;  // K blocks of 32 per batch of W loads in flight
@@ -739,12 +757,7 @@ gemv_tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
                 if (kb < nkb) {
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
-                        const uint4 lo = *reinterpret_cast<const uint4 *>(As + (mi * 16 + gid) * AS + kb * 32 + 8 * tig);
-                        const uint4 hi = *reinterpret_cast<const uint4 *>(As + (mi * 16 + gid + 8) * AS + kb * 32 + 8 * tig);
-                        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-                        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-                        mma_bf16_16816(acc[mi], a0, wv[u].x, wv[u].y);
-                        mma_bf16_16816(acc[mi], a1, wv[u].z, wv[u].w);
+                        mma_k32(acc[mi], load_a32(As, AS, mi * 16 + gid, kb * 32 + 8 * tig), wv[u]);
                     }
                 }
             }
@@ -780,7 +793,7 @@ gemv_tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
 //     order (deterministic) and runs the epilogue.
 // In both, each of the 8 warps owns a K range of the block's G column groups (8 columns each) and
 // holds those weights in registers, loaded before pdl_wait() so they stream in while the previous
-// kernel finishes; they feed mma.sync as B fragments with gemv_tc_kernel's k permutation, against
+// kernel finishes; they feed mma.sync as B fragments with the k permutation of load_a32, against
 // A fragments read from the staged rows. The warps' partial sums are added in warp order through
 // shared memory. Shared memory stays under half an SM's, so the next kernel's block fits beside it.
 
@@ -788,7 +801,7 @@ constexpr int CL_THREADS = 256;
 constexpr int CL_WARPS = CL_THREADS / 32;
 constexpr int CL_U = 3;           // K blocks of 32 per warp per batch of W loads in registers
 constexpr int CL_MAX_CLUSTER = 8; // the portable cluster size
-constexpr int CL_LN_MAX_K = 2048; // LayerNorm rows held in registers: 16 float4 a lane
+constexpr int CL_LN_MAX_K = 2048; // LayerNorm rows held in registers: 64 floats a lane
 constexpr int CL_LN_MAX_ROWS = 32; // auto routing's limit with LayerNorm: LN + cuBLASLt wins above (docs/PERF.md)
 
 // Shared memory of one block: the staged rows [MT][AS] bf16 and (LN) gamma [KP] fp32 after them;
@@ -983,15 +996,9 @@ cluster_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
                 const int kk = (kb + u) * 32 + 8 * tig;
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++) {
-                    const uint4 lo = *reinterpret_cast<const uint4 *>(As + (mi * 16 + gid) * AS + kk);
-                    const uint4 hi = *reinterpret_cast<const uint4 *>(As + (mi * 16 + gid + 8) * AS + kk);
-                    const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-                    const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+                    const AFrag32 a = load_a32(As, AS, mi * 16 + gid, kk);
 #pragma unroll
-                    for (int gi = 0; gi < G; gi++) {
-                        mma_bf16_16816(acc[mi][gi], a0, wv[gi][u].x, wv[gi][u].y);
-                        mma_bf16_16816(acc[mi][gi], a1, wv[gi][u].z, wv[gi][u].w);
-                    }
+                    for (int gi = 0; gi < G; gi++) mma_k32(acc[mi][gi], a, wv[gi][u]);
                 }
             }
         }
@@ -1543,9 +1550,7 @@ inline cudaError_t launch_cluster_m(const void *x, long long ldx, const float *g
 
 template <bool LN>
 inline cudaError_t launch_cluster(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
-                                  const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
-    ClusterPlan c;
-    if (!cluster_plan(M, N, K, LN, d, &c)) return d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
+                                  const ClusterPlan &c, const Epilogue &e, cudaStream_t stream) {
     if constexpr (LN) return launch_cluster_m<true, false>(x, ldx, gamma, W, M, N, K, c, e, stream);
     else if (c.split) return launch_cluster_m<false, true>(x, ldx, gamma, W, M, N, K, c, e, stream);
     else return launch_cluster_m<false, false>(x, ldx, gamma, W, M, N, K, c, e, stream);
@@ -1587,14 +1592,12 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     DeviceInfo d;
     int rc = device_info(&d);
     if (rc) return (cudaError_t)rc;
-    if (path == PATH_AUTO) {
-        ClusterPlan c;
-        path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), w_bf16 && cluster_plan(M, N, K, LN, d, &c),
-                         d);
-    }
+    ClusterPlan plan;
+    const bool cluster_ok = w_bf16 && cluster_plan(M, N, K, LN, d, &plan);
+    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, d);
     if (path == PATH_CLUSTER) {
-        if (!w_bf16) return cudaErrorInvalidValue;
-        return launch_cluster<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
+        if (!cluster_ok) return !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
+        return launch_cluster<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
     }
     if (path == PATH_GEMV_TC) {
         if (!w_bf16) return cudaErrorInvalidValue;
