@@ -4,6 +4,7 @@
 // and B = x stored K x M (ld K); the bias runs along D's N rows, one value per output column of y.
 #include <cublasLt.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_check.h"
@@ -46,6 +47,7 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t w_layout, x_layout, y_layout;  // y_layout serves C and D (in place)
     cublasLtMatmulAlgo_t algo;
+    int tuned;                    // algo was picked by timing the heuristic's candidates
     unsigned long long last_use;  // the context's clock at the plan's last call; 0: empty slot
 } Plan;
 
@@ -54,10 +56,19 @@ struct MatmulLt {
     cublasLtMatmulPreference_t pref;  // the workspace bound; alignments set per plan
     void *workspace;
     size_t workspace_bytes;
+    int tune;  // time the candidates of large products (GPT2_LT_TUNE=0: the heuristic's first)
     Plan plans[MATMUL_LT_PLANS];
     unsigned long long clock;  // calls so far
-    long long heuristic_queries;
+    long long heuristic_queries, tunings;
 };
+
+// One call's operands: what a plan is tuned on.
+typedef struct {
+    const void *W, *x, *bias;
+    void *d;  // the product's C and D
+    const float *beta;
+    cudaStream_t stream;
+} Call;
 
 // The largest power of two up to 256 dividing the address.
 static uint32_t alignment(const void *p) {
@@ -74,9 +85,101 @@ static void plan_destroy(Plan *p) {
     memset(p, 0, sizeof(*p));
 }
 
-// Builds the descriptors for key and asks the heuristic for its best algorithm. bias: any bias of
-// the key's alignment (the heuristic reads the pointer's alignment from the descriptor).
-static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, const void *bias) {
+// ----------------------------------------------------------------------------
+// Tuning: the heuristic's first algorithm is not always its fastest. Measured on an H200 (docs/PERF.md,
+// "Session 5"): for 8192 rows the fastest of its first eight runs GPT-2's qkv and fc products 1.15x
+// and the logits 1.22x faster than its first; for 64 and 1024 rows the gain is 0-6%. So the first
+// call of a product of at least LT_TUNE_FLOPS times each candidate on that call's own operands and
+// keeps the fastest. Only outside a stream capture (timing needs a synchronisation; a plan built
+// while a decode graph is captured keeps the heuristic's first), and only where the output can be
+// written freely: the residual epilogue reads and writes the residual stream, so its candidates
+// write into a temporary buffer instead (none is allocated: no tuning). Which candidate wins depends
+// on timings, so it is kept stable against noise: the earliest in the heuristic's order within
+// LT_TUNE_MARGIN of the fastest. Different algorithms may sum in a different order: results may
+// differ in the last bits from a run with GPT2_LT_TUNE=0, within the tests' tolerances.
+
+enum { LT_CANDIDATES = 8, LT_TIMED_RUNS = 5 };
+static const double LT_TUNE_FLOPS = 8e9;  // ~12 us at the 700 TFLOP/s an H200 reaches
+static const float LT_TUNE_MARGIN = 1.03f;
+
+static int worth_tuning(const MatmulLt *lt, const PlanKey *key, cudaStream_t stream) {
+    if (!lt->tune || 2.0 * key->M * key->N * key->K < LT_TUNE_FLOPS) return 0;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone;
+}
+
+// Median time in ms of one call with algo (after one untimed), or -1 when the algorithm fails.
+static float time_algo(MatmulLt *lt, const Plan *p, const cublasLtMatmulAlgo_t *algo, const Call *c, void *d,
+                       cudaEvent_t ev[2]) {
+    const float one = 1.0f;
+    float ms[LT_TIMED_RUNS];
+    for (int r = -1; r < LT_TIMED_RUNS; r++) {
+        if (r >= 0 && cudaEventRecord(ev[0], c->stream) != cudaSuccess) return -1;
+        if (cublasLtMatmul(lt->handle, p->desc, &one, c->W, p->w_layout, c->x, p->x_layout, c->beta, d, p->y_layout, d,
+                           p->y_layout, algo, lt->workspace, lt->workspace_bytes, c->stream) != CUBLAS_STATUS_SUCCESS)
+            return -1;
+        if (r < 0) continue;
+        if (cudaEventRecord(ev[1], c->stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&ms[r], ev[0], ev[1]) != cudaSuccess)
+            return -1;
+    }
+    for (int i = 1; i < LT_TIMED_RUNS; i++)  // insertion sort: five values
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+            const float t = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = t;
+        }
+    return ms[LT_TIMED_RUNS / 2];
+}
+
+// The earliest candidate within LT_TUNE_MARGIN of the fastest, timed writing into d; -1 if none ran.
+static int fastest(MatmulLt *lt, const Plan *p, const cublasLtMatmulHeuristicResult_t *found, int count, const Call *c,
+                   void *d) {
+    cudaEvent_t ev[2];
+    if (cudaEventCreate(&ev[0]) != cudaSuccess) return -1;
+    if (cudaEventCreate(&ev[1]) != cudaSuccess) {
+        CUDA_WARN(cudaEventDestroy(ev[0]));
+        return -1;
+    }
+    float ms[LT_CANDIDATES], best = -1;
+    for (int i = 0; i < count; i++) {
+        ms[i] = found[i].state == CUBLAS_STATUS_SUCCESS ? time_algo(lt, p, &found[i].algo, c, d, ev) : -1;
+        if (ms[i] >= 0 && (best < 0 || ms[i] < best)) best = ms[i];
+    }
+    CUDA_WARN(cudaEventDestroy(ev[0]));
+    CUDA_WARN(cudaEventDestroy(ev[1]));
+    for (int i = 0; i < count; i++)
+        if (ms[i] >= 0 && ms[i] <= best * LT_TUNE_MARGIN) return i;
+    return -1;
+}
+
+// Sets p->algo to the fastest candidate for c's operands; on any failure it stays the heuristic's
+// first.
+static void tune(MatmulLt *lt, Plan *p, const cublasLtMatmulHeuristicResult_t *found, int count, const Call *c) {
+    void *tmp = NULL;
+    if (p->key.epilogue == MATMUL_LT_BIAS_RESIDUAL) {  // C = D is the residual stream: time elsewhere
+        const size_t bytes = (size_t)p->key.M * p->key.ldy * sizeof(float);
+        if (cudaMalloc(&tmp, bytes) != cudaSuccess || cudaMemsetAsync(tmp, 0, bytes, c->stream) != cudaSuccess) {
+            (void)cudaGetLastError();  // out of memory is not sticky: clear it and skip the tuning
+            if (tmp) CUDA_WARN(cudaFree(tmp));
+            return;
+        }
+    }
+    const int pick = fastest(lt, p, found, count, c, tmp ? tmp : c->d);
+    if (tmp) CUDA_WARN(cudaFree(tmp));
+    if (pick < 0) return;
+    p->algo = found[pick].algo;
+    p->tuned = 1;
+    lt->tunings++;
+}
+
+// ----------------------------------------------------------------------------
+// Building and finding plans
+
+// Builds the descriptors for key, asks the heuristic for its candidates and takes the first, or
+// the fastest (tune). call: the operands of the call that needs the plan (the heuristic reads the
+// bias pointer's alignment from the descriptor; the timing runs on them).
+static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, const Call *call) {
+    const void *bias = call->bias;
     const cudaDataType_t operand = key->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cudaDataType_t out = key->ytype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasOperation_t transpose = CUBLAS_OP_T, as_is = CUBLAS_OP_N;
@@ -104,19 +207,20 @@ static cublasStatus_t plan_create(MatmulLt *lt, Plan *p, const PlanKey *key, con
                   {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key->align_y}};
     for (size_t i = 0; i < sizeof(aligns) / sizeof(aligns[0]); i++)
         LT_TRY(cublasLtMatmulPreferenceSetAttribute(lt->pref, aligns[i].attr, &aligns[i].bytes, sizeof(uint32_t)));
-    cublasLtMatmulHeuristicResult_t found;
+    cublasLtMatmulHeuristicResult_t found[LT_CANDIDATES];
     int count = 0;
     lt->heuristic_queries++;
     LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt->handle, p->desc, p->w_layout, p->x_layout, p->y_layout, p->y_layout,
-                                          lt->pref, 1, &found, &count));
-    if (count < 1 || found.state != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_NOT_SUPPORTED;
-    p->algo = found.algo;
+                                          lt->pref, LT_CANDIDATES, found, &count));
+    if (count < 1 || found[0].state != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_NOT_SUPPORTED;
     p->key = *key;
+    p->algo = found[0].algo;
+    if (worth_tuning(lt, key, call->stream)) tune(lt, p, found, count, call);
     return CUBLAS_STATUS_SUCCESS;
 }
 
 // The plan for key: the cached one, or a new one in an empty slot or the least recently used.
-static cublasStatus_t plan_for(MatmulLt *lt, const PlanKey *key, const void *bias, Plan **plan) {
+static cublasStatus_t plan_for(MatmulLt *lt, const PlanKey *key, const Call *call, Plan **plan) {
     Plan *oldest = &lt->plans[0];
     for (int i = 0; i < MATMUL_LT_PLANS; i++) {
         Plan *p = &lt->plans[i];
@@ -127,7 +231,7 @@ static cublasStatus_t plan_for(MatmulLt *lt, const PlanKey *key, const void *bia
         if (p->last_use < oldest->last_use) oldest = p;
     }
     plan_destroy(oldest);
-    cublasStatus_t st = plan_create(lt, oldest, key, bias);
+    cublasStatus_t st = plan_create(lt, oldest, key, call);
     if (st != CUBLAS_STATUS_SUCCESS) {
         plan_destroy(oldest);
         return st;
@@ -147,6 +251,8 @@ static int lt_init(MatmulLt *lt, size_t workspace_bytes, Error *err) {
                                                     &max_workspace, sizeof(max_workspace)));
     if (gpu_alloc(&lt->workspace, workspace_bytes, "the cuBLASLt workspace", err)) return -1;
     lt->workspace_bytes = workspace_bytes;
+    const char *tune = getenv("GPT2_LT_TUNE");
+    lt->tune = !(tune && !strcmp(tune, "0"));
     return 0;
 }
 
@@ -171,8 +277,12 @@ extern "C" void matmul_lt_free(MatmulLt *lt) {
 extern "C" void matmul_lt_stats(const MatmulLt *lt, MatmulLtStats *stats) {
     stats->calls = (long long)lt->clock;
     stats->heuristic_queries = lt->heuristic_queries;
-    stats->plans = 0;
-    for (int i = 0; i < MATMUL_LT_PLANS; i++) stats->plans += lt->plans[i].last_use != 0;
+    stats->tunings = lt->tunings;
+    stats->plans = stats->tuned_plans = 0;
+    for (int i = 0; i < MATMUL_LT_PLANS; i++) {
+        stats->plans += lt->plans[i].last_use != 0;
+        stats->tuned_plans += lt->plans[i].last_use != 0 && lt->plans[i].tuned;
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -215,16 +325,16 @@ extern "C" cublasStatus_t matmul_lt(MatmulLt *lt, MatmulLtEpilogue epilogue, voi
                          alignment(x),
                          alignment(d),
                          alignment(bias)};
+    const float one = 1.0f, zero = 0.0f;
+    const Call call = {W, x, bias, d, epilogue == MATMUL_LT_BIAS_RESIDUAL ? &one : &zero, stream};
     Plan *plan;
-    LT_TRY(plan_for(lt, &key, bias, &plan));
+    LT_TRY(plan_for(lt, &key, &call, &plan));
     plan->last_use = ++lt->clock;
     // The plan may have been built for another layer's bias (same alignment): this call's goes in.
     if (bias)
         LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    const float one = 1.0f, zero = 0.0f;
-    LT_TRY(cublasLtMatmul(lt->handle, plan->desc, &one, W, plan->w_layout, x, plan->x_layout,
-                          epilogue == MATMUL_LT_BIAS_RESIDUAL ? &one : &zero, d, plan->y_layout, d, plan->y_layout,
-                          &plan->algo, lt->workspace, lt->workspace_bytes, stream));
+    LT_TRY(cublasLtMatmul(lt->handle, plan->desc, &one, W, plan->w_layout, x, plan->x_layout, call.beta, d,
+                          plan->y_layout, d, plan->y_layout, &plan->algo, lt->workspace, lt->workspace_bytes, stream));
     return gelu ? launched(gelu_forward(y, scratch, (size_t)M * N, DTYPE_F32, stream)) : CUBLAS_STATUS_SUCCESS;
 }
 

@@ -32,10 +32,15 @@
 //     a padded width instead (N = ldy = V rounded up to 64, over zero rows of wte), hence ldy.
 //
 // A context (MatmulLt) holds the cuBLASLt handle, one preallocated workspace and a cache of plans:
-// the matmul descriptor, the three matrix layouts and the algorithm cuBLASLt's heuristic picked, per
-// (M, N, K, dtype, epilogue, pointer alignments). A call looks its plan up; only the first call of a
-// shape builds one (host work: descriptors and one heuristic query; no device allocation), so every
-// call can be captured in a CUDA graph. The cache keeps the MATMUL_LT_PLANS most recently used plans.
+// the matmul descriptor, the three matrix layouts and the algorithm, per (M, N, K, dtype, epilogue,
+// pointer alignments). A call looks its plan up; only the first call of a shape builds one (host
+// work: descriptors and one heuristic query; no device allocation), so every call can be captured
+// in a CUDA graph. The algorithm is the heuristic's first, except for large products (2MNK >= 8
+// GFLOP: prefill of a few thousand rows) whose first call comes outside a stream capture: that
+// call times the heuristic's first eight on its own operands and keeps the fastest (up to 1.2x on
+// an H200; matmul_lt.cu says how the pick is kept stable, and what it costs: ~8 extra products
+// once, plus for the residual epilogue a temporary [M, ldy] fp32 buffer). GPT2_LT_TUNE=0 turns this
+// off. The cache keeps the MATMUL_LT_PLANS most recently used plans.
 //
 // Calls return CUBLAS_STATUS_SUCCESS or cuBLAS's status: CUBLAS_STATUS_INVALID_VALUE for a bad
 // argument (nothing launched), CUBLAS_STATUS_NOT_SUPPORTED when the heuristic has no algorithm,
@@ -91,10 +96,11 @@ cublasStatus_t matmul_lt_unfused(cublasHandle_t cublas, MatmulLtEpilogue epilogu
 DType matmul_lt_ytype(MatmulLtEpilogue epilogue, DType dtype);
 
 // What the plan cache did, for tests: calls that ran a product, how many of them had to build a
-// plan (a heuristic query), and the plans held now.
+// plan (a heuristic query) and how many of those picked by timing, and the plans held now (tuned
+// ones among them).
 typedef struct {
-    long long calls, heuristic_queries;
-    int plans;
+    long long calls, heuristic_queries, tunings;
+    int plans, tuned_plans;
 } MatmulLtStats;
 void matmul_lt_stats(const MatmulLt *lt, MatmulLtStats *stats);
 

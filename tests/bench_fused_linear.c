@@ -1,5 +1,6 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
-//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --one K N dtype M]
+//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --one K N dtype M
+//                                                                                  | --one-res K N dtype M]
 // (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64})
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
@@ -463,6 +464,10 @@ int main(int argc, char **argv) {
 
     if (argc == 6 && !strcmp(argv[1], "--one")) {  // --one K N fp32|bf16 M: one shape (for ncu)
         bench_ln(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]), csv);
+        return 0;
+    }
+    if (argc == 6 && !strcmp(argv[1], "--one-res")) {  // --one-res K N fp32|bf16 M: one projection (for ncu)
+        bench_res(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]));
         return 0;
     }
     const int shapes[][2] = {{768, 3072}, {1024, 4096}};

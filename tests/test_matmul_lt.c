@@ -10,7 +10,7 @@
 // for odd widths), the plan cache (a repeated call builds no plan; more shapes than it holds evict
 // the least recently used, and an evicted shape comes back right), calls captured in a CUDA graph
 // (their plans built inside the capture, as a decode graph's first step builds them) replayed,
-// and bad arguments; the logits' shape also with padded output rows (ldy > N: only the N columns
+// the timing of large products' candidates (tuning), and bad arguments; the logits' shape also with padded output rows (ldy > N: only the N columns
 // written).
 //
 // Tolerance: rel_l2 = |lt - unfused| / |unfused| over the output <= 1e-5 fp32, 1e-2 bf16 (both sides
@@ -298,8 +298,7 @@ static void test_cache(void) {
 // The product captured in a CUDA graph with its plan built inside the capture, replayed, against
 // the same call made eagerly afterwards (the plan now cached): the same bits. Then both against
 // the unfused steps.
-static void test_graph(MatmulLtEpilogue epilogue, DType dt) {
-    Case c = {epilogue, dt, 77 + (int)epilogue, 384, 256, 0, 0, 0};
+static void test_graph(Case c) {
     char name[200];
     case_name(name, sizeof(name), &c, " graph replay");
     Bufs b;
@@ -340,6 +339,63 @@ static void test_graph(MatmulLtEpilogue epilogue, DType dt) {
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
     bufs_free(&b);
+}
+
+// Tuning (matmul_lt.h): the first call of a large product times the heuristic's candidates and
+// keeps one, and the result is right (the residual epilogue's candidates must leave the residual
+// alone: run_case judges what one call added); a second call does not tune again; a plan built
+// inside a stream capture is not tuned; GPT2_LT_TUNE=0 turns tuning off.
+static void test_tuning(void) {
+    if (small) {
+        test_skip("matmul_lt tuning", "GPT2_TEST_SMALL: products of ~20 GFLOP, each timed eight ways");
+        return;
+    }
+    const char *env = getenv("GPT2_LT_TUNE");
+    if (env && !strcmp(env, "0")) {
+        test_skip("matmul_lt tuning", "GPT2_LT_TUNE=0 is set");
+        return;
+    }
+    const Case cases[] = {{MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4099, 768, 3072, 1, 0, 0},
+                          {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 4099, 3072, 768, 0, 0, 0},
+                          {MATMUL_LT_NONE, DTYPE_F32, 4099, 1000, 1024, 0, 0, 0}};
+    MatmulLtStats a, b, c;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char name[200];
+        case_name(name, sizeof(name), &cases[i], " tuned on its first call");
+        matmul_lt_stats(lt, &a);
+        run_case(&cases[i], " tuned");
+        matmul_lt_stats(lt, &b);
+        run_case(&cases[i], " tuned, second call");
+        matmul_lt_stats(lt, &c);
+        CHECK(b.tunings == a.tunings + 1 && b.tuned_plans == a.tuned_plans + 1 && c.tunings == b.tunings &&
+                  c.heuristic_queries == b.heuristic_queries,
+              name, "tunings %lld -> %lld -> %lld, tuned plans %d -> %d, queries %lld -> %lld", a.tunings, b.tunings,
+              c.tunings, a.tuned_plans, b.tuned_plans, b.heuristic_queries, c.heuristic_queries);
+    }
+
+    Case captured = {MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4101, 768, 3072, 0, 0, 0};
+    matmul_lt_stats(lt, &a);
+    test_graph(captured);
+    matmul_lt_stats(lt, &b);
+    CHECK(b.tunings == a.tunings && b.heuristic_queries == a.heuristic_queries + 1,
+          "matmul_lt tuning: none for a plan built inside a capture", "tunings %lld -> %lld, queries %lld -> %lld",
+          a.tunings, b.tunings, a.heuristic_queries, b.heuristic_queries);
+
+    Error err = {0};
+    setenv("GPT2_LT_TUNE", "0", 1);
+    MatmulLt *untuned = matmul_lt_create((size_t)32 << 20, &err), *tuned = lt;
+    unsetenv("GPT2_LT_TUNE");
+    if (!untuned) {
+        CHECK(0, "matmul_lt tuning: GPT2_LT_TUNE=0", "matmul_lt_create failed: %s", err.msg);
+        return;
+    }
+    lt = untuned;
+    run_case(&cases[1], " GPT2_LT_TUNE=0");
+    matmul_lt_stats(lt, &a);
+    lt = tuned;
+    CHECK(a.tunings == 0 && a.heuristic_queries == 1, "matmul_lt tuning: GPT2_LT_TUNE=0 turns it off",
+          "tunings %lld, queries %lld", a.tunings, a.heuristic_queries);
+    matmul_lt_free(untuned);
 }
 
 // Bad arguments come back as CUBLAS_STATUS_INVALID_VALUE with nothing launched; M = 0 does nothing.
@@ -430,7 +486,9 @@ int main(void) {
         }
     test_cache();
     for (int dt = 0; dt < 2; dt++)
-        for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++) test_graph((MatmulLtEpilogue)ep, (DType)dt);
+        for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++)
+            test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
+    test_tuning();
     test_bad_args();
 
     matmul_lt_free(lt);
