@@ -768,34 +768,45 @@ template <int NTHR> __device__ __forceinline__ void group_barrier(int g) {
     else asm volatile("bar.sync 2, %0;\n" ::"n"(NTHR) : "memory");
 }
 
-// ROWS rows of HS bf16 (row stride src_stride) into shared rows of stride ST through 16-byte
-// cp.async by NTHR threads (index i0), rows past rows_valid zero-filled, columns past HS untouched.
+// Where the rows a prefill block reads live: rows [0, split) at `old` (row stride old_stride), rows
+// from split on at `fresh` (row stride fresh_stride, counted from split). Keys before pos are in the
+// cache; the new tokens' keys are in the cache too (split = all), or still in the qkv product's rows
+// (fused_attention_qkv: split = pos). Queries are all fresh (split = 0).
+struct RowSrc {
+    const bf16 *old, *fresh;
+    int old_stride, fresh_stride, split;
+    __device__ __forceinline__ const bf16 *row(int r) const {
+        return r < split ? old + (size_t)r * old_stride : fresh + (size_t)(r - split) * fresh_stride;
+    }
+};
+
+// ROWS rows of HS bf16 from src's rows r0.. into shared rows of stride ST through 16-byte cp.async
+// by NTHR threads (index i0), rows past rows_valid zero-filled, columns past HS untouched.
 template <int HSP, int ST, int ROWS, int NTHR>
-__device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, int src_stride, int rows_valid, int HS,
-                                          int i0) {
+__device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, int rows_valid, int HS, int i0) {
     constexpr int CPR = HSP / 8;  // 16-byte chunks per padded row (4, 8, 12, 16)
+    const bf16 *any = src.row(r0);  // a valid address for the zero-filled rows
     if constexpr (NTHR % CPR == 0) {
-        // A thread keeps one column chunk c and takes rows r0, r0 + RS, ...: one address computed
-        // per tile, then constant strides.
+        // A thread keeps one column chunk c and takes rows t0, t0 + RS, ...
         constexpr int RS = NTHR / CPR;
         static_assert(ROWS % RS == 0, "tile split");
-        const int c = i0 % CPR, r0 = i0 / CPR;
+        const int c = i0 % CPR, t0 = i0 / CPR;
         if (c * 8 >= HS) return;  // the padding columns were zeroed once
-        bf16 *d = dst + r0 * ST + c * 8;
-        const bf16 *s = src + (size_t)r0 * src_stride + c * 8;
+        bf16 *d = dst + t0 * ST + c * 8;
 #pragma unroll
         for (int i = 0; i < ROWS / RS; i++) {
-            const bool ok = r0 + i * RS < rows_valid;  // else zeros, from the tile's first row (valid)
-            cp_async16(d + i * RS * ST, ok ? s + (size_t)i * RS * src_stride : src, ok ? 16 : 0);
+            const int t = t0 + i * RS;
+            const bool ok = t < rows_valid;
+            cp_async16(d + i * RS * ST, ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
         }
     } else {
         static_assert(ROWS * CPR % NTHR == 0, "tile split");
 #pragma unroll
         for (int i = 0; i < ROWS * CPR / NTHR; i++) {
-            const int u = i0 + i * NTHR, r = u / CPR, c = u % CPR;
+            const int u = i0 + i * NTHR, t = u / CPR, c = u % CPR;
             if (c * 8 < HS) {
-                const bool ok = r < rows_valid;
-                cp_async16(dst + r * ST + c * 8, ok ? src + (size_t)r * src_stride + c * 8 : src, ok ? 16 : 0);
+                const bool ok = t < rows_valid;
+                cp_async16(dst + t * ST + c * 8, ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
             }
         }
     }
@@ -901,12 +912,20 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
     }
 }
 
+// The new tokens' rows, for one kernel that reads them in either layout: q [B*T] rows ldq apart, head
+// h at column h*HS; their keys and values in the cache already (k_new = NULL), or at k_new / v_new
+// (rows ldq apart, same columns), and then the kernel also stores them into the cache.
+struct NewRows {
+    const bf16 *q, *k_new, *v_new;
+    long long ldq;
+};
+
 // The grid is (NH, B, query tiles), the z index reversed: blocks start in index order, so the
 // longest (last) query tiles of every head go first and the short ones fill the tail.
 template <int HSP, int MI, int QW, int G>
 __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, MI, QW, G>::MINB)
-    attn_prefill_mma(const bf16 *__restrict__ q, const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
-                     bf16 *__restrict__ out, int T, int pos, int NH, int HS, int max_seq, float scale_log2) {
+    attn_prefill_mma(NewRows nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T, int pos,
+                     int NH, int HS, int max_seq, float scale_log2) {
     typedef MmaCfg<HSP, MI, QW, G> Cfg;
     constexpr int BN = 64, BM = Cfg::BM, GT = Cfg::GT, ST = Cfg::ST, NK = HSP / 16, NO = HSP / 8;
     constexpr int STAGES = Cfg::STAGES;
@@ -920,10 +939,11 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     const int h = blockIdx.x, b = blockIdx.y;
     const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
     const int C = NH * HS, L = pos + T;
-    const size_t bh = (size_t)b * NH + h;
-    const bf16 *qb = q + ((size_t)b * T + q0) * C + h * HS;
-    const bf16 *kb = kc + bh * max_seq * HS;
-    const bf16 *vb = vc + bh * max_seq * HS;
+    const size_t bh = (size_t)b * NH + h, row0 = (size_t)b * T;  // the sequence's first new row
+    const RowSrc qs = {nr.q, nr.q + row0 * nr.ldq + h * HS, 0, (int)nr.ldq, 0};
+    const int split = nr.k_new ? pos : L;
+    const RowSrc ks = {kc + bh * max_seq * HS, nr.k_new ? nr.k_new + row0 * nr.ldq + h * HS : kc, HS, (int)nr.ldq, split};
+    const RowSrc vs = {vc + bh * max_seq * HS, nr.k_new ? nr.v_new + row0 * nr.ldq + h * HS : vc, HS, (int)nr.ldq, split};
 
     if (HS < HSP) {  // padding columns of every buffer: zero once, cp.async never writes them
         const bf16 z = __float2bfloat16_rn(0.f);
@@ -932,7 +952,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
             Qs[r * ST + c] = z;
         }
     }
-    load_tile<HSP, ST, BM, Cfg::THREADS>(Qs, qb, C, min(BM, T - q0), HS, tid);
+    load_tile<HSP, ST, BM, Cfg::THREADS>(Qs, qs, q0, min(BM, T - q0), HS, tid);
     cp_async_commit();
 
     const int kmax = min(L, pos + q0 + BM);
@@ -940,11 +960,24 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     const int nt = (ntiles - grp + G - 1) / G;  // this group's tiles: grp, grp + G, ...
     auto load_kv = [&](int j) {                 // the group's j-th tile
         const int k0 = (grp + G * j) * BN, rows = min(BN, L - k0), buf = j % STAGES;
-        load_tile<HSP, ST, 64, GT>(Kg + buf * Cfg::ktile, kb + (size_t)k0 * HS, HS, rows, HS, gtid);
-        load_tile<HSP, ST, 64, GT>(Vg + buf * Cfg::ktile, vb + (size_t)k0 * HS, HS, rows, HS, gtid);
+        load_tile<HSP, ST, 64, GT>(Kg + buf * Cfg::ktile, ks, k0, rows, HS, gtid);
+        load_tile<HSP, ST, 64, GT>(Vg + buf * Cfg::ktile, vs, k0, rows, HS, gtid);
         cp_async_commit();
     };
     if (nt > 0) load_kv(0);
+    // fused_attention_qkv: the block's own new keys and values [pos + q0, pos + q0 + BM) go into the
+    // cache from the shared tiles that hold them (its last one or two), so every new row is stored
+    // once, by the block whose queries sit at the same positions, and costs no extra global reads.
+    const int own_lo = pos + q0, own_hi = min(L, pos + q0 + BM);
+    auto store_own = [&](const bf16 *Kb, const bf16 *Vb, int k0) {
+        const int lo = max(k0, own_lo), hi = min(k0 + BN, own_hi), cpr = HS / 8;
+        for (int u = gtid; u < (hi - lo) * cpr; u += GT) {
+            const int r = lo + u / cpr, c = (u % cpr) * 8;
+            const size_t at = (bh * max_seq + r) * HS + c;
+            *reinterpret_cast<uint4 *>(kc + at) = *reinterpret_cast<const uint4 *>(Kb + (r - k0) * ST + c);
+            *reinterpret_cast<uint4 *>(vc + at) = *reinterpret_cast<const uint4 *>(Vb + (r - k0) * ST + c);
+        }
+    };
     if (nt > 0) cp_async_wait<1>(); else cp_async_wait<0>();  // Q landed (this thread's part)
     __syncthreads();                                            // ... and everyone's, padding too
 
@@ -972,6 +1005,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
         if (STAGES == 2 && j + 1 < nt) load_kv(j + 1);
         const bf16 *Kb = Kg + buf * Cfg::ktile, *Vb = Vg + buf * Cfg::ktile;
         const int k0 = (grp + G * j) * BN;
+        if (nr.k_new && k0 + BN > own_lo) store_own(Kb, Vb, k0);
         if (k0 + BN - 1 <= pos + wr0)  // below the diagonal for every row of the warp
             attend_tile<HSP, MI, false>(Kb, Vb, qf, o, m, l, lane, k0, 0, scale_log2);
         else if (k0 <= pos + wr0 + 16 * MI - 1)  // else no row of the warp sees a key of the tile
@@ -1221,15 +1255,15 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
 }
 
 template <int HSP, int MI, int QW, int G>
-cudaError_t launch_mma_cfg(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
-                           int HS, int max_seq, cudaStream_t stream) {
+cudaError_t launch_mma_cfg(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
+                           int max_seq, cudaStream_t stream) {
     typedef MmaCfg<HSP, MI, QW, G> Cfg;
     auto kern = attn_prefill_mma<HSP, MI, QW, G>;
     cudaError_t e = allow_smem(kern, Cfg::bytes);
     if (e != cudaSuccess) return e;
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     dim3 grid(NH, B, (T + Cfg::BM - 1) / Cfg::BM);
-    kern<<<grid, Cfg::THREADS, Cfg::bytes, stream>>>(q, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2);
+    kern<<<grid, Cfg::THREADS, Cfg::bytes, stream>>>(nr, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2);
     return cudaGetLastError();
 }
 
@@ -1240,13 +1274,27 @@ cudaError_t launch_mma_cfg(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *
 // 21.5 / 59.1 (B = 1 has 96 of them); the 64-query blocks 12.9 / 90.3; 64 queries as 2 warps of 32
 // rows in four groups 15.5 / 102; 32 queries as 2 warps of 16 rows in four groups 19.7 / 135.
 template <int HSP>
-cudaError_t launch_mma(const bf16 *q, const bf16 *kc, const bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
-                       int HS, int max_seq, cudaStream_t stream) {
+cudaError_t launch_mma_hs(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
+                          int max_seq, cudaStream_t stream) {
     if constexpr (HSP <= 64) {
         if ((long long)((T + 127) / 128) * NH * B >= 2LL * sm_count())
-            return launch_mma_cfg<HSP, 2, 4, 1>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+            return launch_mma_cfg<HSP, 2, 4, 1>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
     }
-    return launch_mma_cfg<HSP, 1, 4, 2>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    return launch_mma_cfg<HSP, 1, 4, 2>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+}
+
+// The tensor-core prefill needs 16-byte rows: HS % 8 == 0 and every base 16-byte aligned.
+bool mma_prefill_ok(const NewRows &nr, const void *kc, const void *vc, int HS) {
+    return HS % 8 == 0 && nr.ldq % 8 == 0 && aligned16(nr.q) && aligned16(kc) && aligned16(vc) &&
+           (!nr.k_new || (aligned16(nr.k_new) && aligned16(nr.v_new)));
+}
+
+cudaError_t launch_mma(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
+                       int max_seq, cudaStream_t stream) {
+    if (HS <= 32) return launch_mma_hs<32>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    if (HS <= 64) return launch_mma_hs<64>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    if (HS <= 96) return launch_mma_hs<96>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    return launch_mma_hs<128>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
 }  // namespace
@@ -1274,11 +1322,10 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
         if (T <= kDecodeTQ) {
             e = launch_decode(qq, kk, vv, oo, B, T, pos, pos_device, NH, HS, max_seq, workspace, workspace_bytes,
                               stream);
-        } else if (HS % 8 == 0 && aligned16(q) && aligned16(k_cache) && aligned16(v_cache)) {
-            if (HS <= 32) e = launch_mma<32>(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
-            else if (HS <= 64) e = launch_mma<64>(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
-            else if (HS <= 96) e = launch_mma<96>(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
-            else e = launch_mma<128>(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
+        } else if (mma_prefill_ok(NewRows{qq, NULL, NULL, (long long)NH * HS}, kk, vv, HS)) {
+            // The cache is only read here (NewRows without k_new): the kernel's stores stay off.
+            e = launch_mma(NewRows{qq, NULL, NULL, (long long)NH * HS}, const_cast<bf16 *>(kk), const_cast<bf16 *>(vv),
+                           oo, B, T, pos, NH, HS, max_seq, stream);
         } else {
             e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
         }
@@ -1292,6 +1339,26 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
         else e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
     }
     return (int)e;
+}
+
+extern "C" int fused_attention_takes_qkv(DType dtype, int T, int head_size) {
+    return dtype == DTYPE_BF16 && T > kDecodeTQ && head_size % 8 == 0 && head_size <= 128;
+}
+
+extern "C" int fused_attention_qkv(const void *qkv, void *k_cache, void *v_cache, void *out, DType dtype, int B, int T,
+                                   int pos, int num_heads, int head_size, int max_seq, cudaStream_t stream) {
+    const int NH = num_heads, HS = head_size;
+    if (!fused_attention_takes_qkv(dtype, T, HS) || B < 0 || pos < 0 || NH <= 0 || max_seq <= 0 ||
+        pos + T > max_seq || B > 65535 || NH > 65535)
+        return (int)cudaErrorInvalidValue;
+    if (B == 0) return (int)cudaSuccess;
+    if (!qkv || !k_cache || !v_cache || !out) return (int)cudaErrorInvalidValue;
+    const long long C = (long long)NH * HS;
+    const bf16 *rows = static_cast<const bf16 *>(qkv);
+    const NewRows nr = {rows, rows + C, rows + 2 * C, 3 * C};
+    if (!mma_prefill_ok(nr, k_cache, v_cache, HS)) return (int)cudaErrorInvalidValue;
+    return (int)launch_mma(nr, static_cast<bf16 *>(k_cache), static_cast<bf16 *>(v_cache), static_cast<bf16 *>(out), B,
+                           T, pos, NH, HS, max_seq, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -101,6 +101,7 @@ static void plan_destroy(Plan *p) {
 enum { LT_CANDIDATES = 8, LT_TIMED_RUNS = 5 };
 static const double LT_TUNE_FLOPS = 8e9;  // ~12 us at the 700 TFLOP/s an H200 reaches
 static const float LT_TUNE_MARGIN = 1.03f;
+static const float LT_SAMPLE_MS = 0.2f;
 
 static int worth_tuning(const MatmulLt *lt, const PlanKey *key, cudaStream_t stream) {
     if (!lt->tune || 2.0 * key->M * key->N * key->K < LT_TUNE_FLOPS) return 0;
@@ -108,20 +109,27 @@ static int worth_tuning(const MatmulLt *lt, const PlanKey *key, cudaStream_t str
     return cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone;
 }
 
-// Median time in ms of one call with algo (after one untimed), or -1 when the algorithm fails.
+// Median time in ms of one call with algo, or -1 when the algorithm fails. A first call warms up and
+// sizes the samples: each times enough back-to-back calls to last LT_SAMPLE_MS, so that the events'
+// resolution (~1 us) stays well under the margin for products of ~10 us.
 static float time_algo(MatmulLt *lt, const Plan *p, const cublasLtMatmulAlgo_t *algo, const Call *c, void *d,
                        cudaEvent_t ev[2]) {
     const float one = 1.0f;
     float ms[LT_TIMED_RUNS];
+    int calls = 1;
     for (int r = -1; r < LT_TIMED_RUNS; r++) {
-        if (r >= 0 && cudaEventRecord(ev[0], c->stream) != cudaSuccess) return -1;
-        if (cublasLtMatmul(lt->handle, p->desc, &one, c->W, p->w_layout, c->x, p->x_layout, c->beta, d, p->y_layout, d,
-                           p->y_layout, algo, lt->workspace, lt->workspace_bytes, c->stream) != CUBLAS_STATUS_SUCCESS)
-            return -1;
-        if (r < 0) continue;
+        if (cudaEventRecord(ev[0], c->stream) != cudaSuccess) return -1;
+        for (int i = 0; i < calls; i++)
+            if (cublasLtMatmul(lt->handle, p->desc, &one, c->W, p->w_layout, c->x, p->x_layout, c->beta, d,
+                               p->y_layout, d, p->y_layout, algo, lt->workspace, lt->workspace_bytes,
+                               c->stream) != CUBLAS_STATUS_SUCCESS)
+                return -1;
+        float t;
         if (cudaEventRecord(ev[1], c->stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
-            cudaEventElapsedTime(&ms[r], ev[0], ev[1]) != cudaSuccess)
+            cudaEventElapsedTime(&t, ev[0], ev[1]) != cudaSuccess)
             return -1;
+        if (r < 0) calls = t >= LT_SAMPLE_MS ? 1 : t > 0 ? (int)(LT_SAMPLE_MS / t) + 1 : 64;
+        else ms[r] = t / calls;
     }
     for (int i = 1; i < LT_TIMED_RUNS; i++)  // insertion sort: five values
         for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {

@@ -16,9 +16,11 @@
 // below). Past fused_rows() the
 // linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the bias, GELU (bf16) and the
 // residual add in their epilogue (kernels/matmul_lt.h): eight launches per block with the fused
-// attention, where the reference table's linear steps (cuBLAS, then bias, GELU and residual
-// kernels) took thirteen:
-//   attn_in    LayerNorm -> qkv + bias in the compute dtype -> qkv_split: q rows, k/v into the cache
+// attention (seven in bf16 prefill), where the reference table's linear steps (cuBLAS, then bias,
+// GELU and residual kernels) took thirteen:
+//   attn_in    LayerNorm -> qkv + bias in the compute dtype, then (batched decode, fp32) qkv_split: q
+//              rows, k/v into the cache; bf16 prefill leaves the product to the attention, which
+//              reads q, k and v from it and stores k, v into the cache (fused_attention_qkv)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual)
 //   mlp_in     LayerNorm -> gelu(fc + bias) into h, one GEMM (fp32: a GELU pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
@@ -27,6 +29,7 @@
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
 #include <stdlib.h>
+#include <string.h>
 
 #include "block_ops.h"
 #include "cuda_check.h"
@@ -49,25 +52,36 @@
 // 57,852, B=64 95,609 vs 117,261; the projections alone lose to cuBLASLt from 8 rows on (the MLP's
 // 10.9 vs 7.0 us). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to
 // M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
-// GPT2_FUSED_ROWS=N overrides both (0: every step through cuBLASLt), to measure the crossover
-// (scripts/gpu_check.sh crossover).
+// GPT2_FUSED_ROWS=N overrides both (0: every step through cuBLASLt), GPT2_FUSED_ROWS=N,P the ops
+// with the LayerNorm (N) and without (P) apart, to measure the crossover (scripts/gpu_check.sh
+// crossover).
 static int fused_rows(const GpuState *s, int layernorm) {
-    static int forced = -2;  // -2: not read yet; -1: not set
-    if (forced == -2) {
+    static int forced[2] = {-2, -2};  // [layernorm]; -2: not read yet; -1: not set
+    if (forced[0] == -2) {
         const char *env = getenv("GPT2_FUSED_ROWS");
-        forced = env && *env ? atoi(env) : -1;
+        forced[0] = forced[1] = env && *env ? atoi(env) : -1;
+        const char *comma = env ? strchr(env, ',') : NULL;
+        if (comma) forced[0] = atoi(comma + 1);
     }
-    return forced >= 0 ? forced : fused_linear_rows(s->dtype, layernorm);
+    return forced[layernorm] >= 0 ? forced[layernorm] : fused_linear_rows(s->dtype, layernorm);
+}
+
+// The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
+// new keys and values into the cache) where the attention can: bf16 prefill. Elsewhere (fp32,
+// batched decode) qkv_split copies q out and k, v into the cache first. The one place both ops ask.
+static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
+    return st->M > fused_rows(s, 1) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, 1)) {  // q kept as rows for the fused attention
+    if (st->M > fused_rows(s, 1)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
                              st->M, 3 * s->C, s->C, NULL, s->stream));
-        CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device, s->NH,
-                           s->HS, s->max_seq, s->dtype, s->stream));
+        if (!attention_reads_qkv(s, st))
+            CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
+                               s->NH, s->HS, s->max_seq, s->dtype, s->stream));
         return 0;
     }
     QKVDest dst = {s->q, ly->k_cache, ly->v_cache, st->T, st->pos, s->NH, s->HS, s->max_seq, st->pos_device};
@@ -85,6 +99,11 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     const GpuLayer *ly = &s->layers[l];
     // In a decode graph the position is read on the device; the host's only bounds it.
     const int pos = st->pos_device ? s->max_seq - st->T : st->pos;
+    if (attention_reads_qkv(s, st)) {
+        FUSED_TRY(fused_attention_qkv(s->scratch, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos, s->NH,
+                                      s->HS, s->max_seq, s->stream));
+        return 0;
+    }
     FUSED_TRY(fused_attention(s->q, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos, st->pos_device,
                               s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes, s->stream));
     return 0;
