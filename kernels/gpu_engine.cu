@@ -8,6 +8,8 @@
 //   KV cache     K and V, each [L][max_batch][NH][max_seq][HS] in the compute dtype
 //   activations  buffers for max_batch * max_seq rows (a full-context prefill of every sequence)
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "block_ops.h"
 #include "cuda_check.h"
@@ -22,6 +24,17 @@ typedef struct {
     float temperature, top_p;
     int top_k;
 } DecodeGraph;
+
+// A forward of one shape (B, T, pos, which logits) captured as a CUDA graph once the shape repeats
+// (scoring, validation, a server's usual prompt lengths; gpu_forward_impl says why).
+typedef struct {
+    int B, T, pos, all_positions;
+    int calls;                    // forwards of this shape so far
+    cudaGraphExec_t exec;         // captured at the second
+    unsigned long long last_use;  // the engine's forward count at the last call; 0: empty slot
+} ForwardGraph;
+
+enum { FORWARD_GRAPHS = 8 };  // shapes kept; the least recently used makes room
 
 typedef struct {
     GpuState s;
@@ -39,6 +52,10 @@ typedef struct {
     void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
     size_t sampling_ws_bytes;
     DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
+    ForwardGraph fwd[FORWARD_GRAPHS];   // forwards of repeated shapes (fused table; GPT2_FORWARD_GRAPH=0: none)
+    int fwd_graphs_on;
+    unsigned long long forwards;        // forward calls so far (the forward graphs' clock)
+    GpuGraphStats graph_stats;
     void *cublas_workspace;             // kCublasWorkspaceBytes, given to cuBLAS at creation
 #ifdef GPT2_TRACE
     unsigned *trace;                    // kernels/kernel_trace.cuh: [count, pad[3], TraceRecord...]
@@ -346,6 +363,70 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// Forward graphs. A prefill is ~90 launches (7 or 8 a layer); enqueued one by one they cost the
+// host ~5 us each, more than the GPU needs for a short prompt, and the GPU waits a few us at each
+// kernel boundary. Measured on an H200 (docs/PERF.md, "Session 5"): a 128-token prefill took the
+// host 480 us to enqueue for 575 us in all, a 1024-token one 450 us for 940 us of which ~650 us
+// were kernels. So a shape that comes back (B, T, pos and which logits: everything the enqueued
+// work bakes in; the tokens and the logits travel outside the graph) is captured at its second
+// forward and replayed from then on. The first forward of a shape stays eager: it builds (and
+// times, matmul_lt.h) the cuBLASLt plans the capture then reuses, and a prompt seen once would
+// only pay for a capture. Only the fused table, whose ops are all capturable (as decode's graphs).
+
+// The slot of this shape, its call counted: the one holding it, else an empty or the least
+// recently used one (its graph dropped).
+static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_positions) {
+    ForwardGraph *slot = NULL, *oldest = &g->fwd[0];
+    for (int i = 0; i < FORWARD_GRAPHS && !slot; i++) {
+        ForwardGraph *f = &g->fwd[i];
+        if (f->last_use && f->B == st->B && f->T == st->T && f->pos == st->pos && f->all_positions == all_positions)
+            slot = f;
+        else if (f->last_use < oldest->last_use)
+            oldest = f;
+    }
+    if (!slot) {
+        slot = oldest;
+        if (slot->exec) CUDA_WARN(cudaGraphExecDestroy(slot->exec));
+        *slot = (ForwardGraph){st->B, st->T, st->pos, all_positions, 0, NULL, 0};
+    }
+    slot->calls++;
+    slot->last_use = ++g->forwards;
+    return slot;
+}
+
+static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, Error *err) {
+    cudaStream_t stream = g->s.stream;
+    cudaGraph_t graph = NULL;
+    int unused = 0;
+    CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = enqueue_model(g, st, g->s.tokens, f->all_positions, 0, &unused, NULL, NULL, err);
+    cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (rc == 0 && end != cudaSuccess) rc = cuda_fail(err, end, "cudaStreamEndCapture", __FILE__, __LINE__);
+    if (rc == 0) {
+        cudaError_t inst = cudaGraphInstantiate(&f->exec, graph, 0);
+        if (inst != cudaSuccess) rc = cuda_fail(err, inst, "cudaGraphInstantiate", __FILE__, __LINE__);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (rc == 0) g->graph_stats.forward_captures++;
+    return rc;
+}
+
+// The model's work for one forward: a graph's replay where the shape repeats, else enqueued.
+static int run_model(GpuEngine *g, const GpuStep *st, int all_positions, int profile, int *ev, GpuTraceFn trace,
+                     void *user, Error *err) {
+    if (g->fwd_graphs_on && g->ops->device_position && !profile && !trace) {
+        ForwardGraph *f = forward_graph(g, st, all_positions);
+        if (!f->exec && f->calls >= 2 && capture_forward(g, f, st, err)) return -1;
+        if (f->exec) {
+            CUDA_TRY(cudaGraphLaunch(f->exec, g->s.stream));
+            g->graph_stats.forward_replays++;
+            return 0;
+        }
+    }
+    return enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err);
+}
+
 static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
                             GpuTraceFn trace, void *user, Error *err) {
     GpuEngine *g = (GpuEngine *)e->impl;
@@ -357,7 +438,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 
     MARK();
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (enqueue_model(g, &st, s->tokens, all_positions, profile, ev, trace, user, err)) return -1;
+    if (run_model(g, &st, all_positions, profile, ev, trace, user, err)) return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
     if (logits)  // NULL: left on the device (src/engine.h); the host's rows are V apart
         CUDA_TRY(cudaMemcpy2DAsync(logits, s->V * sizeof(float), s->logits, s->logits_ld * sizeof(float),
@@ -468,6 +549,12 @@ extern "C" int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *
     return rc;
 }
 
+extern "C" int gpu_engine_graph_stats(Engine *e, GpuGraphStats *stats) {
+    if (e->free != gpu_engine_destroy) return 0;
+    *stats = ((GpuEngine *)e->impl)->graph_stats;
+    return 1;
+}
+
 extern "C" int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err) {
     if (e->free != gpu_engine_destroy) return fail(err, "profiling needs a GPU engine, not %s", e->name);
     GpuEngine *g = (GpuEngine *)e->impl;
@@ -521,6 +608,8 @@ static void gpu_engine_destroy(Engine *e) {
         for (int b = 0; g->graphs && b <= g->s.max_batch; b++)
             if (g->graphs[b].exec) CUDA_WARN(cudaGraphExecDestroy(g->graphs[b].exec));
         free(g->graphs);
+        for (int i = 0; i < FORWARD_GRAPHS; i++)
+            if (g->fwd[i].exec) CUDA_WARN(cudaGraphExecDestroy(g->fwd[i].exec));
         if (g->io_host) CUDA_WARN(cudaFreeHost(g->io_host));
         if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
         if (g->sampling_ws) CUDA_WARN(cudaFree(g->sampling_ws));
@@ -584,6 +673,8 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
     if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
     g->graphs = (DecodeGraph *)xcalloc((size_t)s->max_batch + 1, sizeof(DecodeGraph));
+    const char *fwd_graphs = getenv("GPT2_FORWARD_GRAPH");
+    g->fwd_graphs_on = !(fwd_graphs && !strcmp(fwd_graphs, "0"));
     CUDA_TRY(cudaStreamSynchronize(s->stream));
 
     cudaDeviceProp p;

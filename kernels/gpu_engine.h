@@ -52,6 +52,14 @@ int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err);
 // no such graph (another engine, or the reference path, which runs no graph); -1 on error.
 int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *ms, Error *err);
 
+// What the engine did with CUDA graphs, for tests: forwards of a repeated shape captured, and
+// forwards run as a graph's replay (kernels/gpu_engine.cu, "Forward graphs"). 1, or 0 for another
+// engine.
+typedef struct {
+    long long forward_captures, forward_replays;
+} GpuGraphStats;
+int gpu_engine_graph_stats(Engine *e, GpuGraphStats *stats);
+
 // The LayerNorm-folded vectors the fused kernels read (s and b', block_ops.h), copied to the host
 // for tests: which 0: ln1 -> qkv of `layer` ([3C] each), 1: ln2 -> fc ([4C]), 2: lnf -> logits ([Vp]).
 int gpu_engine_copy_folded(Engine *e, int which, int layer, float *s, float *b, Error *err);

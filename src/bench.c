@@ -7,6 +7,9 @@
 //             the GPU the logits stay on the device (1.65 GB of fp32 would otherwise time a host
 //             copy, not the engine), as PyTorch's figures are taken
 //   decode    tokens/s at batch 1, 8, 32, 64: 256 new tokens after a 16-token prompt
+// (prefill and forward repeat one shape: on the GPU the timed runs replay the CUDA graph the engine
+// captured at the shape's second forward, kernels/gpu_engine.cu; GPT2_FORWARD_GRAPH=0 times them
+// eagerly, as the first forward of a new prompt length runs)
 // and on the GPU the device's copy bandwidth, each decode figure as a % of the memory roofline
 // (the bytes a step must read, weights + KV cache, over that bandwidth), and a per-op breakdown
 // of one decode step and one 1024-token prefill.
@@ -613,7 +616,8 @@ static void print_table(const Bench *b) {
                r->phase, r->batch, r->prompt_len, nw, r->ms, r->tok_s, roof, dev);
     }
     printf("prefill: ms to the first token of one sequence; forward: %d x %d tokens, every position's logits to the "
-           "host (the GPU's: kept on the device);\ndecode: ms per step and generated tokens/s, %d greedy tokens after a "
+           "host (the GPU's: kept on the device); on the GPU both repeat one shape, so after the warm-up they replay a "
+           "CUDA graph (GPT2_FORWARD_GRAPH=0: eager, as a prompt's first forward runs);\ndecode: ms per step and generated tokens/s, %d greedy tokens after a "
            "%d-token prompt (generation's step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the "
            "measured time; device ms: the step's CUDA graph alone, replayed back to back.\n"
            "Median of %d runs after %d warm-up (decode: %d).\n",

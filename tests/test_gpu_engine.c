@@ -216,6 +216,61 @@ static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, in
     engine_free(inc);
 }
 
+// Forwards of a repeated shape (kernels/gpu_engine.cu, "Forward graphs"): the first runs eagerly, the
+// second is captured and replayed, later ones replay. Against an engine without graphs
+// (GPT2_FORWARD_GRAPH=0), bit for bit: three forwards of one shape after a cached prefix of P
+// tokens, the third with other tokens (they must reach the graph), then one decode step through
+// forward (the cache the graphs wrote).
+static void check_forward_graph(const GPT2Model *m, const char *tag, DType dt, int B, int T, int P) {
+    char name[160];
+    snprintf(name, sizeof(name), "gpu_fused_forward_graph_%s_%s_B%d_T%d_P%d", tag, dtype_name(dt), B, T, P);
+    Error err;
+    const int V = m->config.vocab_size, S = P + T + 1;
+    setenv("GPT2_FORWARD_GRAPH", "0", 1);
+    Engine *plain = make_engine(m, BACKEND_GPU, dt, B, S, &err);
+    unsetenv("GPT2_FORWARD_GRAPH");
+    Engine *graphed = plain ? make_engine(m, BACKEND_GPU, dt, B, S, &err) : NULL;
+    if (!plain || !graphed) {
+        CHECK(0, name, "engine_create: %s", err.msg);
+        engine_free(plain);
+        return;
+    }
+    int *tok = random_tokens(B * S, V, 31 + B), *other = random_tokens(B * T, V, 37 + B);
+    const size_t n = (size_t)B * T * V;
+    float *want = xmalloc(n * sizeof(float)), *want2 = xmalloc(n * sizeof(float)), *got = xmalloc(n * sizeof(float));
+    int rc = 0, differ = 0;
+    GpuGraphStats a = {0}, b = {0};
+    Engine *both[2] = {plain, graphed};
+    for (int e = 0; e < 2 && rc == 0; e++) {
+        Engine *x = both[e];
+        if (P > 0) rc = x->forward(x, tok, B, P, 0, NULL, 0, &err);
+        if (e == 1) gpu_engine_graph_stats(x, &a);
+        for (int call = 0; call < 3 && rc == 0; call++) {
+            float *out = e == 0 ? (call == 0 ? want : call == 2 ? want2 : got) : got;
+            rc = x->forward(x, call == 2 ? other : tok + (size_t)B * P, B, T, P, out, 1, &err);
+            if (rc == 0 && e == 1) differ += memcmp(got, call == 2 ? want2 : want, n * sizeof(float)) != 0;
+        }
+        if (e == 1) gpu_engine_graph_stats(x, &b);
+    }
+    // One step after the graphed forwards: the cache at P .. P+T-1 holds `other`'s keys on both.
+    for (int e = 0; e < 2 && rc == 0; e++) {
+        rc = both[e]->forward(both[e], tok, B, 1, P + T, e == 0 ? want : got, 0, &err);
+        if (rc == 0 && e == 1) differ += 10 * (memcmp(got, want, (size_t)B * V * sizeof(float)) != 0);
+    }
+    if (rc) CHECK(0, name, "%s", err.msg);
+    else
+        CHECK(differ == 0 && b.forward_captures == a.forward_captures + 1 && b.forward_replays == a.forward_replays + 2,
+              name, "differ %d (1s: forwards, 10s: the step after), captures %lld -> %lld, replays %lld -> %lld",
+              differ, a.forward_captures, b.forward_captures, a.forward_replays, b.forward_replays);
+    GpuGraphStats none;
+    gpu_engine_graph_stats(plain, &none);
+    CHECK(none.forward_captures == 0 && none.forward_replays == 0, "gpu_fused_forward_graph GPT2_FORWARD_GRAPH=0",
+          "captures %lld, replays %lld", none.forward_captures, none.forward_replays);
+    free(tok), free(other), free(want), free(want2), free(got);
+    engine_free(plain);
+    engine_free(graphed);
+}
+
 // bf16 compute (an fp32 checkpoint converted at upload) against fp32, both on the GPU.
 static void check_bf16(const GPT2Model *m, const char *tag, int B, int T) {
     char name[160];
@@ -427,6 +482,8 @@ int main(void) {
         check_graph_decode(&m, tag, DTYPE_F32, 1, T, T / 3 > 0 ? T / 3 : 1);
         check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);  // 20 rows: the cuBLAS route
         if (i < 2) check_bf16(&m, tag, 2, T);
+        check_forward_graph(&m, tag, DTYPE_F32, 2, T / 2, T / 3);
+        check_forward_graph(&m, tag, DTYPE_BF16, 3, T / 2 > 5 ? T / 2 : 5, 0);  // bf16 prefill: attention reads qkv
         check_folded(&m, tag, DTYPE_F32);
         check_folded(&m, tag, DTYPE_BF16);
         if (i == 0) check_trace(&m), check_errors(&m);
