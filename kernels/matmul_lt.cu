@@ -86,17 +86,20 @@ static void plan_destroy(Plan *p) {
 }
 
 // ----------------------------------------------------------------------------
-// Tuning: the heuristic's first algorithm is not always its fastest. Measured on an H200 (docs/PERF.md,
-// "Session 5"): for 8192 rows the fastest of its first eight runs GPT-2's qkv and fc products 1.15x
-// and the logits 1.22x faster than its first; for 64 and 1024 rows the gain is 0-6%. So the first
-// call of a product of at least LT_TUNE_FLOPS times each candidate on that call's own operands and
-// keeps the fastest. Only outside a stream capture (timing needs a synchronisation; a plan built
+// Tuning (GPT2_LT_TUNE=1; off by default): the heuristic's first algorithm is not always its
+// fastest. Measured on an H200 (docs/PERF.md, "Session 5"): alone, for 8192 rows the fastest of its
+// first eight runs GPT-2's qkv and fc products 1.15x and the logits 1.22x faster than its first;
+// for 64 and 1024 rows the gain is 0-6%. Inside the engine the 8 x 1024 forward gained 0.4 ms once,
+// but over later runs 0-0.3 ms, varying from run to run with the picks (4.44-4.79 ms against a
+// steady 4.75), so it is not the default: a pick made by timing also makes the results vary in
+// their last bits between runs. When on, the first call of a product of at least LT_TUNE_FLOPS
+// times each candidate on that call's own operands and keeps the fastest. Only outside a stream capture (timing needs a synchronisation; a plan built
 // while a decode graph is captured keeps the heuristic's first), and only where the output can be
 // written freely: the residual epilogue reads and writes the residual stream, so its candidates
 // write into a temporary buffer instead (none is allocated: no tuning). Which candidate wins depends
 // on timings, so it is kept stable against noise: the earliest in the heuristic's order within
 // LT_TUNE_MARGIN of the fastest. Different algorithms may sum in a different order: results may
-// differ in the last bits from a run with GPT2_LT_TUNE=0, within the tests' tolerances.
+// differ in the last bits from an untuned run, within the tests' tolerances.
 
 enum { LT_CANDIDATES = 8, LT_TIMED_RUNS = 5 };
 static const double LT_TUNE_FLOPS = 8e9;  // ~12 us at the 700 TFLOP/s an H200 reaches
@@ -260,7 +263,7 @@ static int lt_init(MatmulLt *lt, size_t workspace_bytes, Error *err) {
     if (gpu_alloc(&lt->workspace, workspace_bytes, "the cuBLASLt workspace", err)) return -1;
     lt->workspace_bytes = workspace_bytes;
     const char *tune = getenv("GPT2_LT_TUNE");
-    lt->tune = !(tune && !strcmp(tune, "0"));
+    lt->tune = tune && !strcmp(tune, "1");
     return 0;
 }
 

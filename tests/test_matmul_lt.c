@@ -341,24 +341,38 @@ static void test_graph(Case c) {
     bufs_free(&b);
 }
 
-// Tuning (matmul_lt.h): the first call of a large product times the heuristic's candidates and
-// keeps one, and the result is right (the residual epilogue's candidates must leave the residual
-// alone: run_case judges what one call added); a second call does not tune again; a plan built
-// inside a stream capture is not tuned; GPT2_LT_TUNE=0 turns tuning off.
+// Tuning (matmul_lt.h, GPT2_LT_TUNE=1): the first call of a large product times the heuristic's
+// candidates and keeps one, and the result is right (the residual epilogue's candidates must leave
+// the residual alone: run_case judges what one call added); a second call does not tune again; a
+// plan built inside a stream capture is not tuned. Without the variable nothing is tuned.
 static void test_tuning(void) {
     if (small) {
         test_skip("matmul_lt tuning", "GPT2_TEST_SMALL: products of ~20 GFLOP, each timed eight ways");
-        return;
-    }
-    const char *env = getenv("GPT2_LT_TUNE");
-    if (env && !strcmp(env, "0")) {
-        test_skip("matmul_lt tuning", "GPT2_LT_TUNE=0 is set");
         return;
     }
     const Case cases[] = {{MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4099, 768, 3072, 1, 0, 0},
                           {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 4099, 3072, 768, 0, 0, 0},
                           {MATMUL_LT_NONE, DTYPE_F32, 4099, 1000, 1024, 0, 0, 0}};
     MatmulLtStats a, b, c;
+    const char *env = getenv("GPT2_LT_TUNE");
+    if (env) {
+        test_skip("matmul_lt tuning: off by default", "GPT2_LT_TUNE is set");
+    } else {
+        run_case(&cases[1], " untuned");
+        matmul_lt_stats(lt, &a);
+        CHECK(a.tunings == 0, "matmul_lt tuning: off by default", "%lld tunings", a.tunings);
+    }
+
+    Error err = {0};
+    setenv("GPT2_LT_TUNE", "1", 1);
+    MatmulLt *tuned = matmul_lt_create((size_t)32 << 20, &err), *untuned = lt;
+    if (env) setenv("GPT2_LT_TUNE", env, 1);
+    else unsetenv("GPT2_LT_TUNE");
+    if (!tuned) {
+        CHECK(0, "matmul_lt tuning", "matmul_lt_create failed: %s", err.msg);
+        return;
+    }
+    lt = tuned;  // run_case and test_graph call through `lt`
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char name[200];
         case_name(name, sizeof(name), &cases[i], " tuned on its first call");
@@ -372,7 +386,6 @@ static void test_tuning(void) {
               name, "tunings %lld -> %lld -> %lld, tuned plans %d -> %d, queries %lld -> %lld", a.tunings, b.tunings,
               c.tunings, a.tuned_plans, b.tuned_plans, b.heuristic_queries, c.heuristic_queries);
     }
-
     Case captured = {MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4101, 768, 3072, 0, 0, 0};
     matmul_lt_stats(lt, &a);
     test_graph(captured);
@@ -380,22 +393,8 @@ static void test_tuning(void) {
     CHECK(b.tunings == a.tunings && b.heuristic_queries == a.heuristic_queries + 1,
           "matmul_lt tuning: none for a plan built inside a capture", "tunings %lld -> %lld, queries %lld -> %lld",
           a.tunings, b.tunings, a.heuristic_queries, b.heuristic_queries);
-
-    Error err = {0};
-    setenv("GPT2_LT_TUNE", "0", 1);
-    MatmulLt *untuned = matmul_lt_create((size_t)32 << 20, &err), *tuned = lt;
-    unsetenv("GPT2_LT_TUNE");
-    if (!untuned) {
-        CHECK(0, "matmul_lt tuning: GPT2_LT_TUNE=0", "matmul_lt_create failed: %s", err.msg);
-        return;
-    }
     lt = untuned;
-    run_case(&cases[1], " GPT2_LT_TUNE=0");
-    matmul_lt_stats(lt, &a);
-    lt = tuned;
-    CHECK(a.tunings == 0 && a.heuristic_queries == 1, "matmul_lt tuning: GPT2_LT_TUNE=0 turns it off",
-          "tunings %lld, queries %lld", a.tunings, a.heuristic_queries);
-    matmul_lt_free(untuned);
+    matmul_lt_free(tuned);
 }
 
 // Bad arguments come back as CUBLAS_STATUS_INVALID_VALUE with nothing launched; M = 0 does nothing.
