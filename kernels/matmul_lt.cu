@@ -56,7 +56,7 @@ struct MatmulLt {
     cublasLtMatmulPreference_t pref;  // the workspace bound; alignments set per plan
     void *workspace;
     size_t workspace_bytes;
-    int tune;  // time the candidates of large products (GPT2_LT_TUNE=0: the heuristic's first)
+    int tune;  // GPT2_LT_TUNE=1 at creation: time the candidates of large products
     Plan plans[MATMUL_LT_PLANS];
     unsigned long long clock;  // calls so far
     long long heuristic_queries, tunings;
@@ -93,8 +93,9 @@ static void plan_destroy(Plan *p) {
 // but over later runs 0-0.3 ms, varying from run to run with the picks (4.44-4.79 ms against a
 // steady 4.75), so it is not the default: a pick made by timing also makes the results vary in
 // their last bits between runs. When on, the first call of a product of at least LT_TUNE_FLOPS
-// times each candidate on that call's own operands and keeps the fastest. Only outside a stream capture (timing needs a synchronisation; a plan built
-// while a decode graph is captured keeps the heuristic's first), and only where the output can be
+// times each candidate on that call's own operands and keeps the fastest. Only outside a stream
+// capture (timing needs a synchronisation; a plan built while a graph is captured keeps the
+// heuristic's first), and only where the output can be
 // written freely: the residual epilogue reads and writes the residual stream, so its candidates
 // write into a temporary buffer instead (none is allocated: no tuning). Which candidate wins depends
 // on timings, so it is kept stable against noise: the earliest in the heuristic's order within
