@@ -942,8 +942,10 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     const size_t bh = (size_t)b * NH + h, row0 = (size_t)b * T;  // the sequence's first new row
     const RowSrc qs = {nr.q, nr.q + row0 * nr.ldq + h * HS, 0, (int)nr.ldq, 0};
     const int split = nr.k_new ? pos : L;
-    const RowSrc ks = {kc + bh * max_seq * HS, nr.k_new ? nr.k_new + row0 * nr.ldq + h * HS : kc, HS, (int)nr.ldq, split};
-    const RowSrc vs = {vc + bh * max_seq * HS, nr.k_new ? nr.v_new + row0 * nr.ldq + h * HS : vc, HS, (int)nr.ldq, split};
+    const RowSrc ks = {kc + bh * max_seq * HS, nr.k_new ? nr.k_new + row0 * nr.ldq + h * HS : kc, HS, (int)nr.ldq,
+                       split};
+    const RowSrc vs = {vc + bh * max_seq * HS, nr.k_new ? nr.v_new + row0 * nr.ldq + h * HS : vc, HS, (int)nr.ldq,
+                       split};
 
     if (HS < HSP) {  // padding columns of every buffer: zero once, cp.async never writes them
         const bf16 z = __float2bfloat16_rn(0.f);

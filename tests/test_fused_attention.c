@@ -224,8 +224,8 @@ static void check_bad_args(void) {
                  fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 8, 5, 2, 64, 12, 0)};
     CHECK(rq[0] == cudaErrorInvalidValue && rq[1] == cudaErrorInvalidValue && rq[2] == cudaErrorInvalidValue &&
               rq[3] == cudaErrorInvalidValue,
-          "fused_attention_qkv bad arguments", "fp32 -> %d, T=4 -> %d, HS=20 -> %d, pos+T > max_seq -> %d", rq[0], rq[1],
-          rq[2], rq[3]);
+          "fused_attention_qkv bad arguments", "fp32 -> %d, T=4 -> %d, HS=20 -> %d, pos+T > max_seq -> %d", rq[0],
+          rq[1], rq[2], rq[3]);
 }
 #endif
 

@@ -10,8 +10,8 @@
 // for odd widths), the plan cache (a repeated call builds no plan; more shapes than it holds evict
 // the least recently used, and an evicted shape comes back right), calls captured in a CUDA graph
 // (their plans built inside the capture, as a decode graph's first step builds them) replayed,
-// the timing of large products' candidates (tuning), and bad arguments; the logits' shape also with padded output rows (ldy > N: only the N columns
-// written).
+// the timing of large products' candidates (tuning), and bad arguments; the logits' shape also
+// with padded output rows (ldy > N: only the N columns written).
 //
 // Tolerance: rel_l2 = |lt - unfused| / |unfused| over the output <= 1e-5 fp32, 1e-2 bf16 (both sides
 // multiply the same bf16 operands in fp32 and add the same bias, bf16 values, widened on the unfused
