@@ -18,7 +18,9 @@
 //   attn_decode1       T = 1 (generation), flash-decoding: the grid is (splits, NH, B), each block
 //                      a chunk of one head's cache. No shared-memory staging: 16 quarter-warp
 //                      streams per block read K and V rows straight into registers, each with its
-//                      own online softmax; they merge once at the end.
+//                      own online softmax; they merge once at the end. Through fused_attention_qkv
+//                      (batched decode on the cuBLASLt route) q and the new key and value come
+//                      from the qkv product and the new row is stored into the cache on the way.
 //   attn_decode        T = 2..4 (and T = 1 with unaligned rows): the same split, 64-key tiles
 //                      staged in shared memory (16-byte cp.async, double-buffered).
 // A split block writes its partial (max, sum, acc) to the workspace; the last block of a head to
@@ -107,6 +109,15 @@ __device__ __forceinline__ void load_flat(E *dst, const E *src, int rows, int ro
     }
 }
 
+// The new tokens' rows, for kernels that read them in either layout: q [B*T] rows ldq apart, head h
+// at column h*HS; their keys and values in the cache already (k_new = NULL), or at k_new / v_new
+// (rows ldq apart, same columns: the qkv product, fused_attention_qkv), and then the kernel also
+// stores them into the cache.
+template <typename E> struct NewRows {
+    const E *q, *k_new, *v_new;
+    long long ldq;
+};
+
 // ----------------------------------------------------------------------------
 // Decode: flash-decoding over chunks of the cache
 
@@ -161,11 +172,13 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // straight into registers, U keys' K and V in flight per lane) and of acc. q.k is a 3-step shuffle
 // within the quarter; the running max and sum are per stream, so no barrier until the 16 streams
 // merge at the end. QIT = 16-byte chunks per lane (HS / (8 * 16 / sizeof(E)), rounded up).
+// With nr.k_new (fused_attention_qkv) the key and value at pos come from the qkv product, and the
+// block whose chunk holds pos also stores them into the cache: no other block reads that row.
 template <typename E, int QIT>
-__global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q, const E *__restrict__ kc,
-                                                         const E *__restrict__ vc, E *__restrict__ out,
-                                                         unsigned *__restrict__ counters, float *__restrict__ part,
-                                                         int pos, const int *__restrict__ pos_device, int NH, int HS,
+__global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
+                                                         E *__restrict__ out, unsigned *__restrict__ counters,
+                                                         float *__restrict__ part, int pos,
+                                                         const int *__restrict__ pos_device, int NH, int HS,
                                                          int max_seq, int chunk, int splits, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
@@ -184,12 +197,19 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q
     const size_t bh = (size_t)b * NH + h;
     const E *kb = kc + bh * max_seq * HS;
     const E *vb = vc + bh * max_seq * HS;
+    const E *knew = nr.k_new ? nr.k_new + (size_t)b * nr.ldq + h * HS : nullptr;
+    const E *vnew = nr.k_new ? nr.v_new + (size_t)b * nr.ldq + h * HS : nullptr;
+    if (knew && kbeg <= pos && pos < kend && tid < NV) {
+        const size_t at = (size_t)pos * HS + tid * VW;
+        *reinterpret_cast<uint4 *>(kc + bh * max_seq * HS + at) = *reinterpret_cast<const uint4 *>(knew + tid * VW);
+        *reinterpret_cast<uint4 *>(vc + bh * max_seq * HS + at) = *reinterpret_cast<const uint4 *>(vnew + tid * VW);
+    }
 
     float qr[QIT][VW], acc[QIT][VW];
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
         const int v = sub + it * 8;
-        if (v < NV) unpack16(q + (size_t)b * C + h * HS + v * VW, qr[it]);
+        if (v < NV) unpack16(nr.q + (size_t)b * nr.ldq + h * HS + v * VW, qr[it]);
 #pragma unroll
         for (int e = 0; e < VW; e++) {
             qr[it][e] = v < NV ? qr[it][e] * scale_log2 : 0.f;
@@ -203,12 +223,14 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(const E *__restrict__ q
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int key = k0 + u * NS + stream;
+            const bool fresh = knew && key == pos;
+            const E *krow = fresh ? knew : kb + (size_t)key * HS, *vrow = fresh ? vnew : vb + (size_t)key * HS;
 #pragma unroll
             for (int it = 0; it < QIT; it++) {
                 const int v = sub + it * 8;
                 if (key < kend && v < NV) {
-                    kraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(kb + (size_t)key * HS + v * VW));
-                    vraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(vb + (size_t)key * HS + v * VW));
+                    kraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(krow + v * VW));
+                    vraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(vrow + v * VW));
                 } else {
                     kraw[u][it] = make_uint4(0, 0, 0, 0);
                     vraw[u][it] = make_uint4(0, 0, 0, 0);
@@ -912,20 +934,13 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
     }
 }
 
-// The new tokens' rows, for one kernel that reads them in either layout: q [B*T] rows ldq apart, head
-// h at column h*HS; their keys and values in the cache already (k_new = NULL), or at k_new / v_new
-// (rows ldq apart, same columns), and then the kernel also stores them into the cache.
-struct NewRows {
-    const bf16 *q, *k_new, *v_new;
-    long long ldq;
-};
-
 // The grid is (NH, B, query tiles), the z index reversed: blocks start in index order, so the
 // longest (last) query tiles of every head go first and the short ones fill the tail.
 template <int HSP, int MI, int QW, int G>
 __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, MI, QW, G>::MINB)
-    attn_prefill_mma(NewRows nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T, int pos,
+    attn_prefill_mma(NewRows<bf16> nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T, int pos,
                      int NH, int HS, int max_seq, float scale_log2) {
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     typedef MmaCfg<HSP, MI, QW, G> Cfg;
     constexpr int BN = 64, BM = Cfg::BM, GT = Cfg::GT, ST = Cfg::ST, NK = HSP / 16, NO = HSP / 8;
     constexpr int STAGES = Cfg::STAGES;
@@ -954,6 +969,8 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
             Qs[r * ST + c] = z;
         }
     }
+    pdl_launch_dependents();  // kernels/pdl.cuh: the next grid (a cuBLASLt GEMM: not PDL'd) may be scheduled
+    pdl_wait();               // q, k, v come from the kernel before
     load_tile<HSP, ST, BM, Cfg::THREADS>(Qs, qs, q0, min(BM, T - q0), HS, tid);
     cp_async_commit();
 
@@ -1189,7 +1206,7 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
 }
 
 template <typename E, int QIT>
-cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, int pos, const int *pos_device, int NH,
+cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, int pos, const int *pos_device, int NH,
                            int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     auto kern = attn_decode1<E, QIT>;
     const long long bh = (long long)B * NH;
@@ -1199,21 +1216,37 @@ cudaError_t launch_decode1(const E *q, const E *kc, const E *vc, E *out, int B, 
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
-    return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), 0, stream, q, kc, vc, out, counters,
+    return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), 0, stream, nr, kc, vc, out, counters,
                       part, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2);
+}
+
+// attn_decode1 needs whole 16-byte chunks: HS and the row stride multiples of 16 bytes, every base
+// 16-byte aligned.
+template <typename E> bool decode1_ok(const NewRows<E> &nr, const void *kc, const void *vc, int HS) {
+    constexpr int VW = 16 / sizeof(E);
+    return HS % VW == 0 && nr.ldq % VW == 0 && aligned16(nr.q) && aligned16(kc) && aligned16(vc) &&
+           (!nr.k_new || (aligned16(nr.k_new) && aligned16(nr.v_new)));
+}
+
+template <typename E>
+cudaError_t launch_decode1_hs(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, int pos, const int *pos_device,
+                              int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
+    const int nv = HS / (16 / (int)sizeof(E));  // 16-byte chunks per row: 8 lanes take 1, 2 or 4 each
+    if (nv <= 8) return launch_decode1<E, 1>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+    if constexpr (sizeof(E) == 4)  // bf16 rows of 128 hold 16 chunks at most
+        if (nv > 16)
+            return launch_decode1<E, 4>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+    return launch_decode1<E, 2>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
 }
 
 template <typename E>
 cudaError_t launch_decode(const E *q, const E *kc, const E *vc, E *out, int B, int T, int pos, const int *pos_device,
                           int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
-    constexpr int VW = 16 / sizeof(E);
-    if (T == 1 && HS % VW == 0 && aligned16(q) && aligned16(kc) && aligned16(vc)) {
-        const int nv = HS / VW;  // 16-byte chunks per row: 8 lanes take 1, 2 or 4 each
-        if (nv <= 8) return launch_decode1<E, 1>(q, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
-        if (nv <= 16) return launch_decode1<E, 2>(q, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
-        if constexpr (sizeof(E) == 4)  // bf16 rows of 128 hold 16 chunks at most
-            return launch_decode1<E, 4>(q, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
-    }
+    // The cache is only read here (NewRows without k_new): attn_decode1's stores stay off.
+    const NewRows<E> nr = {q, NULL, NULL, (long long)NH * HS};
+    if (T == 1 && decode1_ok(nr, kc, vc, HS))
+        return launch_decode1_hs(nr, const_cast<E *>(kc), const_cast<E *>(vc), out, B, pos, pos_device, NH, HS, max_seq,
+                                 ws, ws_bytes, stream);
     if (T == 1)
         return launch_decode_tq<E, 1>(q, kc, vc, out, B, T, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
     return launch_decode_tq<E, kDecodeTQ>(q, kc, vc, out, B, T, pos, pos_device, NH, HS, max_seq, ws, ws_bytes,
@@ -1257,7 +1290,7 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
 }
 
 template <int HSP, int MI, int QW, int G>
-cudaError_t launch_mma_cfg(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
+cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
                            int max_seq, cudaStream_t stream) {
     typedef MmaCfg<HSP, MI, QW, G> Cfg;
     auto kern = attn_prefill_mma<HSP, MI, QW, G>;
@@ -1265,8 +1298,8 @@ cudaError_t launch_mma_cfg(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int
     if (e != cudaSuccess) return e;
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     dim3 grid(NH, B, (T + Cfg::BM - 1) / Cfg::BM);
-    kern<<<grid, Cfg::THREADS, Cfg::bytes, stream>>>(nr, kc, vc, out, T, pos, NH, HS, max_seq, scale_log2);
-    return cudaGetLastError();
+    return launch_pdl(kern, grid, dim3(Cfg::THREADS), Cfg::bytes, stream, nr, kc, vc, out, T, pos, NH, HS, max_seq,
+                      scale_log2);
 }
 
 // HS <= 64: 128-query blocks of 4 warps, 32 rows each (two blocks per SM), when there are enough of
@@ -1276,7 +1309,7 @@ cudaError_t launch_mma_cfg(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int
 // 21.5 / 59.1 (B = 1 has 96 of them); the 64-query blocks 12.9 / 90.3; 64 queries as 2 warps of 32
 // rows in four groups 15.5 / 102; 32 queries as 2 warps of 16 rows in four groups 19.7 / 135.
 template <int HSP>
-cudaError_t launch_mma_hs(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
+cudaError_t launch_mma_hs(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
                           int max_seq, cudaStream_t stream) {
     if constexpr (HSP <= 64) {
         if ((long long)((T + 127) / 128) * NH * B >= 2LL * sm_count())
@@ -1286,12 +1319,12 @@ cudaError_t launch_mma_hs(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int 
 }
 
 // The tensor-core prefill needs 16-byte rows: HS % 8 == 0 and every base 16-byte aligned.
-bool mma_prefill_ok(const NewRows &nr, const void *kc, const void *vc, int HS) {
+bool mma_prefill_ok(const NewRows<bf16> &nr, const void *kc, const void *vc, int HS) {
     return HS % 8 == 0 && nr.ldq % 8 == 0 && aligned16(nr.q) && aligned16(kc) && aligned16(vc) &&
            (!nr.k_new || (aligned16(nr.k_new) && aligned16(nr.v_new)));
 }
 
-cudaError_t launch_mma(const NewRows &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
+cudaError_t launch_mma(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
                        int max_seq, cudaStream_t stream) {
     if (HS <= 32) return launch_mma_hs<32>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
     if (HS <= 64) return launch_mma_hs<64>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
@@ -1324,9 +1357,9 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
         if (T <= kDecodeTQ) {
             e = launch_decode(qq, kk, vv, oo, B, T, pos, pos_device, NH, HS, max_seq, workspace, workspace_bytes,
                               stream);
-        } else if (mma_prefill_ok(NewRows{qq, NULL, NULL, (long long)NH * HS}, kk, vv, HS)) {
+        } else if (mma_prefill_ok(NewRows<bf16>{qq, NULL, NULL, (long long)NH * HS}, kk, vv, HS)) {
             // The cache is only read here (NewRows without k_new): the kernel's stores stay off.
-            e = launch_mma(NewRows{qq, NULL, NULL, (long long)NH * HS}, const_cast<bf16 *>(kk), const_cast<bf16 *>(vv),
+            e = launch_mma(NewRows<bf16>{qq, NULL, NULL, (long long)NH * HS}, const_cast<bf16 *>(kk), const_cast<bf16 *>(vv),
                            oo, B, T, pos, NH, HS, max_seq, stream);
         } else {
             e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
@@ -1344,23 +1377,47 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
 }
 
 extern "C" int fused_attention_takes_qkv(DType dtype, int T, int head_size) {
-    return dtype == DTYPE_BF16 && T > kDecodeTQ && head_size % 8 == 0 && head_size <= 128;
+    if (head_size <= 0 || head_size > 128) return 0;
+    if (T == 1) return (dtype == DTYPE_F32 || dtype == DTYPE_BF16) && head_size * dtype_size(dtype) % 16 == 0;
+    return dtype == DTYPE_BF16 && T > kDecodeTQ && head_size % 8 == 0;
 }
 
+namespace {
+
+template <typename E>
+cudaError_t attention_qkv(const E *rows, E *kc, E *vc, E *out, int B, int T, int pos, const int *pos_device, int NH,
+                          int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
+    const long long C = (long long)NH * HS;
+    const NewRows<E> nr = {rows, rows + C, rows + 2 * C, 3 * C};
+    if (T == 1) {
+        if (!decode1_ok(nr, kc, vc, HS)) return cudaErrorInvalidValue;
+        return launch_decode1_hs(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+    }
+    if constexpr (sizeof(E) == 2) {
+        if (!mma_prefill_ok(nr, kc, vc, HS)) return cudaErrorInvalidValue;
+        return launch_mma(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+    }
+    return cudaErrorInvalidValue;  // fused_attention_takes_qkv refused it already
+}
+
+}  // namespace
+
 extern "C" int fused_attention_qkv(const void *qkv, void *k_cache, void *v_cache, void *out, DType dtype, int B, int T,
-                                   int pos, int num_heads, int head_size, int max_seq, cudaStream_t stream) {
+                                   int pos, const int *pos_device, int num_heads, int head_size, int max_seq,
+                                   void *workspace, size_t workspace_bytes, cudaStream_t stream) {
     const int NH = num_heads, HS = head_size;
     if (!fused_attention_takes_qkv(dtype, T, HS) || B < 0 || pos < 0 || NH <= 0 || max_seq <= 0 ||
-        pos + T > max_seq || B > 65535 || NH > 65535)
+        pos + T > max_seq || B > 65535 || NH > 65535 || (pos_device && T > kDecodeTQ))
         return (int)cudaErrorInvalidValue;
     if (B == 0) return (int)cudaSuccess;
     if (!qkv || !k_cache || !v_cache || !out) return (int)cudaErrorInvalidValue;
-    const long long C = (long long)NH * HS;
-    const bf16 *rows = static_cast<const bf16 *>(qkv);
-    const NewRows nr = {rows, rows + C, rows + 2 * C, 3 * C};
-    if (!mma_prefill_ok(nr, k_cache, v_cache, HS)) return (int)cudaErrorInvalidValue;
-    return (int)launch_mma(nr, static_cast<bf16 *>(k_cache), static_cast<bf16 *>(v_cache), static_cast<bf16 *>(out), B,
-                           T, pos, NH, HS, max_seq, stream);
+    if (dtype == DTYPE_BF16)
+        return (int)attention_qkv(static_cast<const bf16 *>(qkv), static_cast<bf16 *>(k_cache),
+                                  static_cast<bf16 *>(v_cache), static_cast<bf16 *>(out), B, T, pos, pos_device, NH, HS,
+                                  max_seq, workspace, workspace_bytes, stream);
+    return (int)attention_qkv(static_cast<const float *>(qkv), static_cast<float *>(k_cache),
+                              static_cast<float *>(v_cache), static_cast<float *>(out), B, T, pos, pos_device, NH, HS,
+                              max_seq, workspace, workspace_bytes, stream);
 }
 
 // ----------------------------------------------------------------------------

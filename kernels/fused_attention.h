@@ -47,17 +47,20 @@ int fused_attention(const void *q, const void *k_cache, const void *v_cache, voi
                     int pos, const int *pos_device, int num_heads, int head_size, int max_seq, void *workspace,
                     size_t workspace_bytes, cudaStream_t stream);
 
-// Prefill straight from the qkv product (the many-row route of kernels/ops_fused.cu), without first
-// splitting it into q rows and cache rows:
+// Attention straight from the qkv product (the many-row route of kernels/ops_fused.cu), without
+// first splitting it into q rows and cache rows:
 //   qkv    [B*T, 3C] compute dtype, row b*T + t: q, k, v of the token at position pos + t, head h
 //          at columns h*HS (+ C for k, + 2C for v)
 // Attends exactly as fused_attention (keys before pos from the cache, the new ones from qkv) and
 // also stores the new keys and values into the cache at pos..pos+T-1, as qkv_split would have.
-// Only where fused_attention_takes_qkv (bf16, T > 4 prefill, HS % 8 == 0 up to 128: the tensor-core
-// prefill) and every buffer 16-byte aligned; else cudaErrorInvalidValue and nothing launched.
+// Only where fused_attention_takes_qkv: decode of one token (T = 1, fp32 or bf16, HS a multiple of
+// 16 bytes; pos_device and the workspace as in fused_attention), and bf16 prefill (T > 4, HS % 8 == 0:
+// the tensor-core prefill; pos_device must be NULL), every buffer 16-byte aligned; else
+// cudaErrorInvalidValue and nothing launched.
 int fused_attention_takes_qkv(DType dtype, int T, int head_size);
 int fused_attention_qkv(const void *qkv, void *k_cache, void *v_cache, void *out, DType dtype, int B, int T, int pos,
-                        int num_heads, int head_size, int max_seq, cudaStream_t stream);
+                        const int *pos_device, int num_heads, int head_size, int max_seq, void *workspace,
+                        size_t workspace_bytes, cudaStream_t stream);
 
 // The unfused baseline's middle step, for tests/bench_fused_attention.c only (its cuBLAS products
 // around it live in the bench): probs[r][j] = softmax_j(scale * scores[r][j]) over j <= pos + r % T,

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kernel_util.h"
+#include "pdl.cuh"
 #include "reference_kernels.h"
 
 constexpr int kMaxVec = 16;  // float4s a lane holds: C <= 32 * 4 * 16 = 2048
@@ -29,6 +30,9 @@ __device__ __forceinline__ void store4(bf16 *o, float a, float b, float c, float
 template <typename T, bool VEC>
 __global__ void layernorm_kernel(T *__restrict__ out, const float *__restrict__ x, const float *__restrict__ w,
                                  const float *__restrict__ b, int rows, int C, int in_stride, int in_offset) {
+    TRACE_KERNEL_EXIT;        // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
+    pdl_launch_dependents();  // kernels/pdl.cuh: a hint only; cuBLASLt's kernels that follow are not PDL'd
+    pdl_wait();               // x comes from the kernel before
     const int warps = blockDim.x / 32;
     const int r = blockIdx.x * warps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -83,13 +87,18 @@ cudaError_t layernorm_forward(void *out, const float *x, const float *w, const f
     // 16-byte loads need every row start (and w, b, out) 16-byte aligned: C % 4 == 0 and aligned bases.
     const bool vec = C % 4 == 0 && C <= 32 * 4 * kMaxVec &&
                      ((uintptr_t)x | (uintptr_t)w | (uintptr_t)b | (uintptr_t)out) % 16 == 0;
+    // Launched with PDL: most of the time a cuBLASLt GEMM comes before, which never signals early, but
+    // the launch can still overlap that grid's completion (its memory flush) instead of following it:
+    // batch-64 decode 124.0k -> 126.2k tokens/s with the prefill attention launched the same way
+    // (docs/PERF.md, "Session 6").
+    cudaError_t e = cudaSuccess;
     DISPATCH_DTYPE(dt, E, {
         if (vec)
-            layernorm_kernel<E, true><<<blocks, threads, 0, stream>>>((E *)out, x, w, b, rows, C, in_stride,
-                                                                      in_offset);
+            e = launch_pdl(layernorm_kernel<E, true>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b, rows,
+                           C, in_stride, in_offset);
         else
-            layernorm_kernel<E, false><<<blocks, threads, 0, stream>>>((E *)out, x, w, b, rows, C, in_stride,
-                                                                       in_offset);
+            e = launch_pdl(layernorm_kernel<E, false>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b,
+                           rows, C, in_stride, in_offset);
     });
-    return cudaGetLastError();
+    return e;
 }

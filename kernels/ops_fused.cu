@@ -13,14 +13,14 @@
 // reading each weight once over all SMs), and lose to cuBLAS's GEMMs once the rows make it a
 // matrix product (docs/PERF.md, "Fused LayerNorm + Linear", H200: bf16 768->3072 is 1.56x faster
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8:
-// below). Past fused_rows() the
-// linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the bias, GELU (bf16) and the
-// residual add in their epilogue (kernels/matmul_lt.h): eight launches per block with the fused
-// attention (seven in bf16 prefill), where the reference table's linear steps (cuBLAS, then bias,
-// GELU and residual kernels) took thirteen:
-//   attn_in    LayerNorm -> qkv + bias in the compute dtype, then (batched decode, fp32) qkv_split: q
-//              rows, k/v into the cache; bf16 prefill leaves the product to the attention, which
-//              reads q, k and v from it and stores k, v into the cache (fused_attention_qkv)
+// below). Past fused_rows() the linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the
+// bias, GELU (bf16) and the residual add in their epilogue (kernels/matmul_lt.h): seven launches
+// per block in bf16 with the fused attention (fp32 adds a GELU pass, and in prefill qkv_split),
+// where the reference table's linear steps (cuBLAS, then bias, GELU and residual kernels) took
+// thirteen:
+//   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
+//              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
+//              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual)
 //   mlp_in     LayerNorm -> gelu(fc + bias) into h, one GEMM (fp32: a GELU pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
@@ -67,8 +67,9 @@ static int fused_rows(const GpuState *s, int layernorm) {
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
-// new keys and values into the cache) where the attention can: bf16 prefill. Elsewhere (fp32,
-// batched decode) qkv_split copies q out and k, v into the cache first. The one place both ops ask.
+// new keys and values into the cache) where the attention can: bf16 prefill and batched decode of one
+// token a sequence. Elsewhere (fp32 prefill, T = 2..4) qkv_split copies q out and k, v into the cache
+// first. The one place both ops ask.
 static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
     return st->M > fused_rows(s, 1) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
@@ -100,8 +101,9 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     // In a decode graph the position is read on the device; the host's only bounds it.
     const int pos = st->pos_device ? s->max_seq - st->T : st->pos;
     if (attention_reads_qkv(s, st)) {
-        FUSED_TRY(fused_attention_qkv(s->scratch, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos, s->NH,
-                                      s->HS, s->max_seq, s->stream));
+        FUSED_TRY(fused_attention_qkv(s->scratch, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos,
+                                      st->pos_device, s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes,
+                                      s->stream));
         return 0;
     }
     FUSED_TRY(fused_attention(s->q, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos, st->pos_device,

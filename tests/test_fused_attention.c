@@ -2,9 +2,9 @@
 // scores), on fresh random data every run (the seed is printed), over awkward shapes: T = 1..5
 // (decode, incl. a split chunk that holds no key of query 0), prefill with pos > 0, max_seq not a
 // multiple of any tile, HS = 20..128, NH = 1..25, B = 1..64, scores of +-hundreds (a softmax
-// without a running max overflows there), no / too small workspace. Every bf16 prefill case also runs
-// through fused_attention_qkv (q, k, v read from the qkv product's rows), which must match
-// fused_attention bit for bit and fill the cache as the split does.
+// without a running max overflows there), no / too small workspace. Every one-token decode case and
+// every bf16 prefill case also runs through fused_attention_qkv (q, k, v read from the qkv product's
+// rows), which must match fused_attention bit for bit and fill the cache as the split does.
 //
 // Tolerances (rel_l2 = |out - ref| / |ref| over the whole output):
 //   fp32  1e-5; 2e-4 for the large-magnitude cases, where q.k ~ 300 carries an fp32 rounding of
@@ -42,52 +42,64 @@ typedef struct {
 
 #define GUARD 256  // poisoned elements after the output
 
-// fused_attention_qkv on the same case (bf16 prefill): q, k, v of the new tokens packed as the qkv
-// product's rows [B*T, 3C], the cache holding only the prefix (the new positions NaN). Must give
-// the output fused_attention gave (bit for bit: the same kernel over the same values) and leave the
-// cache exactly as the split would have (hk, hv: the new positions filled, the rest untouched).
-static void check_qkv(const Case *c, const void *hq, const void *hk, const void *hv, const void *hout) {
+// fused_attention_qkv on the same case (decode of one token, bf16 prefill): q, k, v of the new tokens
+// packed as the qkv product's rows [B*T, 3C], the cache holding only the prefix (the new positions
+// NaN), the same workspace size and device position. Must give the output fused_attention gave (bit
+// for bit: the same kernel over the same values), twice (the split counters left at zero), and leave
+// the cache exactly as the split would have (hk, hv: the new positions filled, the rest untouched).
+static void check_qkv(const Case *c, DType dt, const void *hq, const void *hk, const void *hv, const void *hout,
+                      size_t ws_bytes, int host_pos) {
     const int B = c->B, T = c->T, pos = c->pos, NH = c->NH, HS = c->HS, S = c->max_seq, C = NH * HS;
-    const size_t nq = (size_t)B * T * C, nkv = (size_t)B * NH * S * HS;
-    char name[160];
-    snprintf(name, sizeof name, "fused_attention_qkv bf16 B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s", B, T, pos, NH,
-             HS, S, c->amp > 1 ? " large" : "");
-    uint16_t *qkv = xmalloc(nq * 3 * 2), *k0 = xmalloc(nkv * 2), *v0 = xmalloc(nkv * 2);
-    memcpy(k0, hk, nkv * 2);
-    memcpy(v0, hv, nkv * 2);
+    const size_t nq = (size_t)B * T * C, nkv = (size_t)B * NH * S * HS, es = dtype_size(dt);
+    char name[200];
+    snprintf(name, sizeof name, "fused_attention_qkv %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s%s",
+             dtype_name(dt), B, T, pos, NH, HS, S, c->amp > 1 ? " large" : "",
+             c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "", c->dev_pos ? " device-pos" : "");
+    char *qkv = xmalloc(nq * 3 * es), *k0 = xmalloc(nkv * es), *v0 = xmalloc(nkv * es);
+    memcpy(k0, hk, nkv * es);
+    memcpy(v0, hv, nkv * es);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++)
-                for (int d = 0; d < HS; d++) {
-                    const size_t row = ((size_t)b * T + t) * 3 * C, at = (((size_t)b * NH + h) * S + pos + t) * HS + d;
-                    qkv[row + h * HS + d] = ((const uint16_t *)hq)[((size_t)b * T + t) * C + h * HS + d];
-                    qkv[row + C + h * HS + d] = k0[at];
-                    qkv[row + 2 * C + h * HS + d] = v0[at];
-                    k0[at] = v0[at] = 0xffff;  // NaN: the call must write it
-                }
-    void *dqkv = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
-    int ok = cudaMalloc(&dqkv, nq * 3 * 2) == cudaSuccess && cudaMalloc(&dk, nkv * 2) == cudaSuccess &&
-             cudaMalloc(&dv, nkv * 2) == cudaSuccess && cudaMalloc(&dout, (nq + GUARD) * 2) == cudaSuccess &&
-             cudaMemcpy(dqkv, qkv, nq * 3 * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dk, k0, nkv * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dv, v0, nkv * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemset(dout, 0xff, (nq + GUARD) * 2) == cudaSuccess;
-    const int rc = ok ? fused_attention_qkv(dqkv, dk, dv, dout, DTYPE_BF16, B, T, pos, NH, HS, S, 0) : -1;
+            for (int h = 0; h < NH; h++) {
+                const size_t row = ((size_t)b * T + t) * 3 * C, at = (((size_t)b * NH + h) * S + pos + t) * HS;
+                memcpy(qkv + (row + h * HS) * es, (const char *)hq + (((size_t)b * T + t) * C + h * HS) * es, HS * es);
+                memcpy(qkv + (row + C + h * HS) * es, k0 + at * es, HS * es);
+                memcpy(qkv + (row + 2 * C + h * HS) * es, v0 + at * es, HS * es);
+                memset(k0 + at * es, 0xff, HS * es);  // NaN: the call must write it
+                memset(v0 + at * es, 0xff, HS * es);
+            }
+    void *dqkv = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dws = NULL;
+    int *dpos = NULL;
+    int ok = cudaMalloc(&dqkv, nq * 3 * es) == cudaSuccess && cudaMalloc(&dk, nkv * es) == cudaSuccess &&
+             cudaMalloc(&dv, nkv * es) == cudaSuccess && cudaMalloc(&dout, (nq + GUARD) * es) == cudaSuccess &&
+             (ws_bytes == 0 || (cudaMalloc(&dws, ws_bytes) == cudaSuccess &&
+                                cudaMemset(dws, 0, ws_bytes) == cudaSuccess)) &&
+             (!c->dev_pos || (cudaMalloc((void **)&dpos, sizeof(int)) == cudaSuccess &&
+                              cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess)) &&
+             cudaMemcpy(dqkv, qkv, nq * 3 * es, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaMemcpy(dk, k0, nkv * es, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaMemcpy(dv, v0, nkv * es, cudaMemcpyHostToDevice) == cudaSuccess;
+    int rc = -1;
+    for (int call = 0; ok && call < 2 && rc <= 0; call++)
+        rc = cudaMemset(dout, 0xff, (nq + GUARD) * es) == cudaSuccess
+                 ? fused_attention_qkv(dqkv, dk, dv, dout, dt, B, T, host_pos, dpos, NH, HS, S, dws, ws_bytes, 0)
+                 : -1;
     const cudaError_t se = cudaDeviceSynchronize();
-    uint16_t *out = xmalloc((nq + GUARD) * 2);
-    if (!ok || rc != 0 || se != cudaSuccess || cudaMemcpy(out, dout, (nq + GUARD) * 2, cudaMemcpyDeviceToHost) ||
-        cudaMemcpy(k0, dk, nkv * 2, cudaMemcpyDeviceToHost) || cudaMemcpy(v0, dv, nkv * 2, cudaMemcpyDeviceToHost)) {
+    char *out = xmalloc((nq + GUARD) * es);
+    if (!ok || rc != 0 || se != cudaSuccess || cudaMemcpy(out, dout, (nq + GUARD) * es, cudaMemcpyDeviceToHost) ||
+        cudaMemcpy(k0, dk, nkv * es, cudaMemcpyDeviceToHost) || cudaMemcpy(v0, dv, nkv * es, cudaMemcpyDeviceToHost)) {
         CHECK(0, name, "setup %d, fused_attention_qkv returned %d, sync %s", ok, rc, cudaGetErrorString(se));
     } else {
         size_t out_differ = 0, cache_differ = 0;
-        for (size_t i = 0; i < nq + GUARD; i++) out_differ += out[i] != ((const uint16_t *)hout)[i];
+        for (size_t i = 0; i < nq + GUARD; i++) out_differ += memcmp(out + i * es, (const char *)hout + i * es, es) != 0;
         for (size_t i = 0; i < nkv; i++)
-            cache_differ += (k0[i] != ((const uint16_t *)hk)[i]) + (v0[i] != ((const uint16_t *)hv)[i]);
+            cache_differ += (memcmp(k0 + i * es, (const char *)hk + i * es, es) != 0) +
+                            (memcmp(v0 + i * es, (const char *)hv + i * es, es) != 0);
         CHECK(out_differ == 0 && cache_differ == 0, name,
               "%zu of %zu outputs differ from fused_attention's, %zu cache elements from the split's", out_differ, nq,
               cache_differ);
     }
-    cudaFree(dqkv), cudaFree(dk), cudaFree(dv), cudaFree(dout);
+    cudaFree(dqkv), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dws), cudaFree(dpos);
     cudaGetLastError();
     free(qkv), free(k0), free(v0), free(out);
 }
@@ -199,7 +211,7 @@ static int run_case(const Case *c, DType dt) {
     CHECK(unwritten == 0 && guard_hit == 0 && rel <= tol, name,
           "rel_l2 %.3g (tol %.0e), %zu outputs not finite, %zu written past the end", rel, tol, unwritten, guard_hit);
     if (unwritten == 0 && guard_hit == 0 && rel <= tol) printf("  %s: rel_l2 %.3g\n", name, rel);
-    if (!c->dev_pos && c->ws == 1 && fused_attention_takes_qkv(dt, T, HS)) check_qkv(c, hq, hk, hv, hout);
+    if (fused_attention_takes_qkv(dt, T, HS)) check_qkv(c, dt, hq, hk, hv, hout, ws_bytes, host_pos);
     free(sc);
     free(acc);
     free(hout);
@@ -217,15 +229,21 @@ static void check_bad_args(void) {
     int rc3 = fused_attention(p, p, p, p, DTYPE_BF16, 1, 0, 0, NULL, 2, 64, 12, NULL, 0, 0);
     CHECK(rc1 == cudaErrorInvalidValue && rc2 == cudaErrorInvalidValue && rc3 == 0, "fused_attention bad arguments",
           "pos+T > max_seq -> %d, HS=129 -> %d, T=0 -> %d", rc1, rc2, rc3);
-    // The qkv entry point only takes what the tensor-core prefill runs: bf16, T > 4, HS % 8 == 0.
-    int rq[4] = {fused_attention_qkv(p, p, p, p, DTYPE_F32, 1, 8, 0, 2, 64, 12, 0),
-                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 4, 0, 2, 64, 12, 0),
-                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 8, 0, 2, 20, 12, 0),
-                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 8, 5, 2, 64, 12, 0)};
-    CHECK(rq[0] == cudaErrorInvalidValue && rq[1] == cudaErrorInvalidValue && rq[2] == cudaErrorInvalidValue &&
-              rq[3] == cudaErrorInvalidValue,
-          "fused_attention_qkv bad arguments", "fp32 -> %d, T=4 -> %d, HS=20 -> %d, pos+T > max_seq -> %d", rq[0],
-          rq[1], rq[2], rq[3]);
+    // The qkv entry point only takes what attn_decode1 and the tensor-core prefill run: T = 1 with
+    // 16-byte rows, or bf16 with T > 4 and HS % 8 == 0 (no device position there).
+    int *dp = (int *)16;
+    int rq[6] = {fused_attention_qkv(p, p, p, p, DTYPE_F32, 1, 8, 0, NULL, 2, 64, 12, NULL, 0, 0),
+                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 4, 0, NULL, 2, 64, 12, NULL, 0, 0),
+                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 8, 0, NULL, 2, 20, 12, NULL, 0, 0),
+                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 8, 5, NULL, 2, 64, 12, NULL, 0, 0),
+                 fused_attention_qkv(p, p, p, p, DTYPE_F32, 1, 1, 0, NULL, 2, 6, 12, NULL, 0, 0),
+                 fused_attention_qkv(p, p, p, p, DTYPE_BF16, 1, 8, 0, dp, 2, 64, 12, NULL, 0, 0)};
+    int all_refused = 1;
+    for (int i = 0; i < 6; i++) all_refused &= rq[i] == cudaErrorInvalidValue;
+    CHECK(all_refused, "fused_attention_qkv bad arguments",
+          "fp32 T=8 -> %d, T=4 -> %d, HS=20 -> %d, pos+T > max_seq -> %d, fp32 T=1 HS=6 -> %d, prefill with a "
+          "device position -> %d",
+          rq[0], rq[1], rq[2], rq[3], rq[4], rq[5]);
 }
 #endif
 

@@ -482,6 +482,8 @@ int main(void) {
         check_graph_decode(&m, tag, DTYPE_F32, 1, T, T / 3 > 0 ? T / 3 : 1);
         check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);  // 20 rows: the cuBLAS route
         if (i < 2) check_bf16(&m, tag, 2, T);
+        // 40 rows in bf16: past the cluster GEMV, so the attention reads the cuBLASLt qkv product.
+        if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 40, T, T / 3, DTYPE_BF16, 3e-2);
         check_forward_graph(&m, tag, DTYPE_F32, 2, T / 2, T / 3);
         check_forward_graph(&m, tag, DTYPE_BF16, 3, T / 2 > 5 ? T / 2 : 5, 0);  // bf16 prefill: attention reads qkv
         check_folded(&m, tag, DTYPE_F32);
