@@ -397,19 +397,26 @@ static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_posi
     return slot;
 }
 
-static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, Error *err) {
-    cudaStream_t stream = g->s.stream;
+// Ends the capture on `stream` whose enqueue returned rc and, if both succeeded, instantiates the
+// graph into *exec. The capture is always ended, so the stream is usable after a failed enqueue.
+static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error *err) {
     cudaGraph_t graph = NULL;
-    int unused = 0;
-    CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    int rc = enqueue_model(g, st, g->s.tokens, f->all_positions, 0, &unused, NULL, NULL, err);
     cudaError_t end = cudaStreamEndCapture(stream, &graph);
     if (rc == 0 && end != cudaSuccess) rc = cuda_fail(err, end, "cudaStreamEndCapture", __FILE__, __LINE__);
     if (rc == 0) {
-        cudaError_t inst = cudaGraphInstantiate(&f->exec, graph, 0);
+        cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
         if (inst != cudaSuccess) rc = cuda_fail(err, inst, "cudaGraphInstantiate", __FILE__, __LINE__);
     }
     if (graph) cudaGraphDestroy(graph);
+    return rc;
+}
+
+static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, Error *err) {
+    cudaStream_t stream = g->s.stream;
+    int unused = 0;
+    CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = enqueue_model(g, st, g->s.tokens, f->all_positions, 0, &unused, NULL, NULL, err);
+    rc = end_capture(stream, rc, &f->exec, err);
     if (rc == 0) g->graph_stats.forward_captures++;
     return rc;
 }
@@ -486,16 +493,9 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
     cudaStream_t stream = g->s.stream;
     if (dg->exec) CUDA_TRY(cudaGraphExecDestroy(dg->exec));
     dg->exec = NULL;
-    cudaGraph_t graph = NULL;
     CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = enqueue_decode(g, B, pos, smp, 1, err);
-    cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    if (rc == 0 && end != cudaSuccess) rc = cuda_fail(err, end, "cudaStreamEndCapture", __FILE__, __LINE__);
-    if (rc == 0) {
-        cudaError_t inst = cudaGraphInstantiate(&dg->exec, graph, 0);
-        if (inst != cudaSuccess) rc = cuda_fail(err, inst, "cudaGraphInstantiate", __FILE__, __LINE__);
-    }
-    if (graph) cudaGraphDestroy(graph);
+    rc = end_capture(stream, rc, &dg->exec, err);
     *dg = (DecodeGraph){.exec = rc == 0 ? dg->exec : NULL, .temperature = smp->temperature, .top_p = smp->top_p,
                         .top_k = smp->top_k};
     return rc;
