@@ -938,8 +938,8 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
 // longest (last) query tiles of every head go first and the short ones fill the tail.
 template <int HSP, int MI, int QW, int G>
 __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, MI, QW, G>::MINB)
-    attn_prefill_mma(NewRows<bf16> nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T, int pos,
-                     int NH, int HS, int max_seq, float scale_log2) {
+    attn_prefill_mma(NewRows<bf16> nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T,
+                     int pos, int NH, int HS, int max_seq, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     typedef MmaCfg<HSP, MI, QW, G> Cfg;
     constexpr int BN = 64, BM = Cfg::BM, GT = Cfg::GT, ST = Cfg::ST, NK = HSP / 16, NO = HSP / 8;
@@ -1232,7 +1232,8 @@ template <typename E>
 cudaError_t launch_decode1_hs(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, int pos, const int *pos_device,
                               int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     const int nv = HS / (16 / (int)sizeof(E));  // 16-byte chunks per row: 8 lanes take 1, 2 or 4 each
-    if (nv <= 8) return launch_decode1<E, 1>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+    if (nv <= 8)
+        return launch_decode1<E, 1>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
     if constexpr (sizeof(E) == 4)  // bf16 rows of 128 hold 16 chunks at most
         if (nv > 16)
             return launch_decode1<E, 4>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
@@ -1290,8 +1291,8 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
 }
 
 template <int HSP, int MI, int QW, int G>
-cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
-                           int max_seq, cudaStream_t stream) {
+cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
+                           int HS, int max_seq, cudaStream_t stream) {
     typedef MmaCfg<HSP, MI, QW, G> Cfg;
     auto kern = attn_prefill_mma<HSP, MI, QW, G>;
     cudaError_t e = allow_smem(kern, Cfg::bytes);
@@ -1359,8 +1360,8 @@ extern "C" int fused_attention(const void *q, const void *k_cache, const void *v
                               stream);
         } else if (mma_prefill_ok(NewRows<bf16>{qq, NULL, NULL, (long long)NH * HS}, kk, vv, HS)) {
             // The cache is only read here (NewRows without k_new): the kernel's stores stay off.
-            e = launch_mma(NewRows<bf16>{qq, NULL, NULL, (long long)NH * HS}, const_cast<bf16 *>(kk), const_cast<bf16 *>(vv),
-                           oo, B, T, pos, NH, HS, max_seq, stream);
+            e = launch_mma(NewRows<bf16>{qq, NULL, NULL, (long long)NH * HS}, const_cast<bf16 *>(kk),
+                           const_cast<bf16 *>(vv), oo, B, T, pos, NH, HS, max_seq, stream);
         } else {
             e = launch_prefill_simt(qq, kk, vv, oo, B, T, pos, NH, HS, max_seq, stream);
         }

@@ -91,7 +91,8 @@ static void check_qkv(const Case *c, DType dt, const void *hq, const void *hk, c
         CHECK(0, name, "setup %d, fused_attention_qkv returned %d, sync %s", ok, rc, cudaGetErrorString(se));
     } else {
         size_t out_differ = 0, cache_differ = 0;
-        for (size_t i = 0; i < nq + GUARD; i++) out_differ += memcmp(out + i * es, (const char *)hout + i * es, es) != 0;
+        for (size_t i = 0; i < nq + GUARD; i++)
+            out_differ += memcmp(out + i * es, (const char *)hout + i * es, es) != 0;
         for (size_t i = 0; i < nkv; i++)
             cache_differ += (memcmp(k0 + i * es, (const char *)hk + i * es, es) != 0) +
                             (memcmp(v0 + i * es, (const char *)hv + i * es, es) != 0);
