@@ -246,31 +246,27 @@ __device__ __forceinline__ uint4 load_w16(const WT *W, int N, int K, int n, int 
     return n < N ? load_row16(W + (size_t)n * K, k, K, vec) : make_uint4(0, 0, 0, 0);
 }
 
-// 16 bytes of W (8 bf16 or 4 fp32) as floats.
-template <typename WT>
-__device__ __forceinline__ void unpack16(uint4 w, float (&f)[16 / sizeof(WT)]) {
-    if constexpr (sizeof(WT) == 2) {
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            f[2 * q] = bf16lo(u[q]);
-            f[2 * q + 1] = bf16hi(u[q]);
-        }
-    } else {
-        f[0] = __uint_as_float(w.x);
-        f[1] = __uint_as_float(w.y);
-        f[2] = __uint_as_float(w.z);
-        f[3] = __uint_as_float(w.w);
-    }
-}
-
 // acc[m][j] += dot(w (VEC elements), xs[m][k .. k+VEC)).
 template <typename WT, typename XT, int MT, int NPW>
 __device__ __forceinline__ void gemv_fma(float (&acc)[MT][NPW], const uint4 (&w)[NPW], const XT *xs, int KP, int k) {
     constexpr int VEC = 16 / sizeof(WT);
     float wf[NPW][VEC];
 #pragma unroll
-    for (int j = 0; j < NPW; j++) unpack16<WT>(w[j], wf[j]);
+    for (int j = 0; j < NPW; j++) {
+        if constexpr (VEC == 8) {
+            const uint32_t u[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                wf[j][2 * q] = bf16lo(u[q]);
+                wf[j][2 * q + 1] = bf16hi(u[q]);
+            }
+        } else {
+            wf[j][0] = __uint_as_float(w[j].x);
+            wf[j][1] = __uint_as_float(w[j].y);
+            wf[j][2] = __uint_as_float(w[j].z);
+            wf[j][3] = __uint_as_float(w[j].w);
+        }
+    }
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         float xv[VEC];
@@ -316,50 +312,6 @@ __device__ __forceinline__ float block_sum_rows(const float (&part)[MT], float *
     if (tid < MT)
         for (int w = 0; w < GEMV_WARPS; w++) total += red[w * MT + tid];
     return total;
-}
-
-// LayerNorm of the MT rows staged in shared memory (fp32, row stride KP, element k at xs_pos<WT,
-// float>(k)), in place: x_hat = (x - mean) rstd gamma, beta left to the folded bias. Two passes
-// over each row around c = x[0]: x - c is exact for an offset row (Sterbenz), and the mean is never
-// formed, only dmean = mean - c, so no rounding of a large mean enters. All warps share each pass
-// (one warp per row left the block waiting at the barrier). scratch: [GEMV_WARPS][MT] partial sums
-// and [3][MT] statistics. The caller synchronises before the rows are staged and after this returns.
-template <typename WT, int MT>
-__device__ __forceinline__ void normalize_rows(float *xs, const float *gamma, float *scratch, int K, int KP, int tid) {
-    float *red = scratch, *st = scratch + GEMV_WARPS * MT;  // st: c[MT], dmean[MT], rstd[MT]
-    float part[MT];
-#pragma unroll
-    for (int m = 0; m < MT; m++) part[m] = 0.0f;
-    for (int k = tid; k < K; k += GEMV_THREADS) {
-        const int p = xs_pos<WT, float>(k);
-#pragma unroll
-        for (int m = 0; m < MT; m++) part[m] += xs[m * KP + p] - xs[m * KP];
-    }
-    float total = block_sum_rows<MT>(part, red, tid);
-    if (tid < MT) {
-        st[tid] = xs[tid * KP];    // c
-        st[MT + tid] = total / K;  // dmean
-    }
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < MT; m++) part[m] = 0.0f;
-    for (int k = tid; k < K; k += GEMV_THREADS) {
-        const int p = xs_pos<WT, float>(k);
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            const float d = (xs[m * KP + p] - st[m]) - st[MT + m];
-            part[m] = fmaf(d, d, part[m]);
-        }
-    }
-    total = block_sum_rows<MT>(part, red, tid);
-    if (tid < MT) st[2 * MT + tid] = 1.0f / sqrtf(total / K + LN_EPS);
-    __syncthreads();
-    for (int k = tid; k < K; k += GEMV_THREADS) {
-        const int p = xs_pos<WT, float>(k);
-        const float gk = gamma[k];
-#pragma unroll
-        for (int m = 0; m < MT; m++) xs[m * KP + p] = ((xs[m * KP + p] - st[m]) - st[MT + m]) * st[2 * MT + m] * gk;
-    }
 }
 
 // Rows [m0, m0 + MT) ∩ [0, M) of x (row stride ldx) against all N columns. LN: x fp32 and
@@ -466,7 +418,46 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     stage(0, MT);
     __syncthreads();
     if constexpr (LN) {
-        normalize_rows<WT, MT>(reinterpret_cast<float *>(xs), gs, gs + KP, K, KP, tid);
+        // Two passes over each row around c = x[0]: x - c is exact for an offset row (Sterbenz),
+        // and the mean is never formed, only dmean = mean - c, so no rounding of a large mean
+        // enters. All warps share each pass (one warp per row left the block waiting at the barrier).
+        float *red = gs + KP;              // [GEMV_WARPS][MT] partial sums
+        float *st = red + GEMV_WARPS * MT;  // cs[MT], dm[MT], rstd[MT]
+        float *xsf = reinterpret_cast<float *>(xs);
+        float part[MT];
+#pragma unroll
+        for (int m = 0; m < MT; m++) part[m] = 0.0f;
+        for (int k = tid; k < K; k += GEMV_THREADS) {
+            const int p = xs_pos<WT, XT>(k);
+#pragma unroll
+            for (int m = 0; m < MT; m++) part[m] += xsf[m * KP + p] - xsf[m * KP];
+        }
+        float total = block_sum_rows<MT>(part, red, tid);
+        if (tid < MT) {
+            st[tid] = xsf[tid * KP];   // c
+            st[MT + tid] = total / K;  // dmean
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < MT; m++) part[m] = 0.0f;
+        for (int k = tid; k < K; k += GEMV_THREADS) {
+            const int p = xs_pos<WT, XT>(k);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const float d = (xsf[m * KP + p] - st[m]) - st[MT + m];
+                part[m] = fmaf(d, d, part[m]);
+            }
+        }
+        total = block_sum_rows<MT>(part, red, tid);
+        if (tid < MT) st[2 * MT + tid] = 1.0f / sqrtf(total / K + LN_EPS);
+        __syncthreads();
+        for (int k = tid; k < K; k += GEMV_THREADS) {
+            const int p = xs_pos<WT, XT>(k);
+            const float gk = gs[k];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                xsf[m * KP + p] = ((xsf[m * KP + p] - st[m]) - st[MT + m]) * st[2 * MT + m] * gk;
+        }
         __syncthreads();
     }
 

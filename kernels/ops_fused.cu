@@ -1,12 +1,10 @@
-// The fused op table (issue 5): four or five kernels per block where the reference runs fifteen or so.
+// The fused op table (issue 5): five kernels per block where the reference runs fifteen or so.
 //
 //   attn_in    fused_ln_linear: ln1 folded into qkv (docs/DESIGN.md), q -> s->q [M, C], k/v straight
 //              into the cache at pos..pos+T-1
 //   attention  fused_attention: flash prefill / flash-decoding over the cache, out -> s->atty [M, C]
 //   attn_out   linear_residual: x += atty @ attprojw^T + attprojb
-//   mlp_in     fused_ln_linear: h = gelu(ln2(x) @ fcw^T + fcb); to FUSED_MLP_MAX_ROWS rows the whole
-//              MLP sub-block instead, x += gelu(ln2(x) @ fcw^T + fcb) @ fcprojw^T + fcprojb in one
-//              kernel (fused_mlp.h), and mlp_out has nothing left to do
+//   mlp_in     fused_ln_linear: h = gelu(ln2(x) @ fcw^T + fcb)
 //   mlp_out    linear_residual: x += h @ fcprojw^T + fcprojb
 //   logits     fused_ln_linear: lnf folded into wte[:V]^T, fp32 logits; all rows, or each sequence's
 //              last row (x rows T*C apart)
@@ -37,7 +35,6 @@
 #include "cuda_check.h"
 #include "fused_attention.h"
 #include "fused_ln_linear.h"
-#include "fused_mlp.h"
 #include "linear_residual.h"
 #include "reference_kernels.h"
 
@@ -94,29 +91,9 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     return 0;
 }
 
-// The MLP sub-block in one kernel (fused_mlp.h) where it fits: up to FUSED_MLP_MAX_ROWS rows, which
-// the GEMV route would run as two kernels. GPT2_FUSED_MLP=0 keeps the two, to measure the difference.
-static int mlp_in_one_kernel(const GpuState *s, const GpuStep *st) {
-    static int off = -1;
-    if (off < 0) {
-        const char *env = getenv("GPT2_FUSED_MLP");
-        off = env && !strcmp(env, "0");
-    }
-    return !off && st->M <= FUSED_MLP_MAX_ROWS && st->M <= fused_rows(s, 0) &&
-           fused_mlp_fits(s->dtype, s->C, 4 * s->C);
-}
-
-// s->workspace, allocated zeroed with the activations: the flash-decoding partials and split
-// counters, then (where the MLP fits one kernel) the MLP's partials and counters.
-static size_t attention_workspace_bytes(const GpuState *s) {
-    return (fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq) + 255) / 256 * 256;
-}
-static size_t mlp_workspace_bytes(const GpuState *s) {
-    return fused_mlp_fits(s->dtype, s->C, 4 * s->C) ? fused_mlp_workspace_size(FUSED_MLP_MAX_ROWS, s->C, 4 * s->C)
-                                                    : 0;
-}
+// Flash-decoding partials and split counters, allocated zeroed with the activations (s->workspace).
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return attention_workspace_bytes(s) + mlp_workspace_bytes(s);
+    return fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq);
 }
 
 static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err) {
@@ -148,12 +125,6 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (mlp_in_one_kernel(s, st)) {
-        const size_t at = attention_workspace_bytes(s);
-        FUSED_TRY(fused_mlp(s->x, st->M, s->C, 4 * s->C, ly->ln2w, ly->fcw, ly->fc_b, ly->fcprojw, ly->fcprojb,
-                            s->dtype, (char *)s->workspace + at, s->workspace_bytes - at, s->stream));
-        return 0;
-    }
     if (st->M > fused_rows(s, 1)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
@@ -167,7 +138,6 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (mlp_in_one_kernel(s, st)) return 0;  // fused_mlp_in ran the whole sub-block
     if (st->M > fused_rows(s, 0)) {
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, s->dtype, ly->fcprojb,
                              st->M, s->C, 4 * s->C, NULL, s->stream));

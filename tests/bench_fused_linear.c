@@ -1,9 +1,7 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
-//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --mlp
-//                                                                                  | --one K N dtype M
+//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --one K N dtype M
 //                                                                                  | --one-res K N dtype M]
-// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --mlp: the whole MLP sub-block at decode rows,
-// fused_mlp.h against the two GEMVs it replaces)
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64})
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -34,7 +32,6 @@
 #include <cuda_runtime.h>
 
 #include "fused_ln_linear.h"
-#include "fused_mlp.h"
 #include "linear_residual.h"
 #include "matmul_lt.h"
 #include "unfused_baseline.h"
@@ -421,98 +418,6 @@ static void bench_res(int K, int N, DType dt, int M) {
     cudaFree(b.bias), cudaFree(b.res), cudaFree(b.tmp);
 }
 
-// ----------------------------------------------------------------------------
-// The MLP sub-block at decode rows: fused_mlp (one kernel) against the route it replaces in the
-// engine, fused_ln_linear (ln2 -> fc -> GELU into h) then linear_residual (x += h fcprojw^T + b).
-
-typedef struct {
-    int M, C, H, nsets;
-    DType dt;
-    float **x;                // [nsets] fp32 [M, C], the residual stream (updated in place)
-    void **fcw, **projw;      // [nsets] dt [H, C] and [C, H]
-    float *gamma, *s, *b2, *projb;
-    void *h;                  // dt [M, H]
-    void *ws;                 // fused_mlp's workspace
-    size_t ws_bytes;
-} MlpBench;
-
-static void enqueue_mlp_fused(void *p, int set) {
-    MlpBench *b = p;
-    CK(fused_mlp(b->x[set], b->M, b->C, b->H, b->gamma, b->fcw[set], b->b2, b->projw[set], b->projb, b->dt, b->ws,
-                 b->ws_bytes, stream));
-}
-
-static void enqueue_mlp_route(void *p, int set) {
-    MlpBench *b = p;
-    CK(fused_ln_linear_ex(b->x[set], b->C, b->gamma, b->fcw[set], b->dt, b->s, b->b2, b->h, b->H, b->dt, b->M, b->H,
-                          b->C, ACT_GELU, NULL, LINEAR_PATH_AUTO, stream));
-    CK(linear_residual(b->h, b->projw[set], b->dt, b->projb, b->x[set], b->M, b->C, b->H, stream));
-}
-
-// What one call of fn adds to set 0's rows.
-static float *mlp_delta(EnqueueFn fn, MlpBench *b, const float *x0) {
-    const size_t n = (size_t)b->M * b->C;
-    CK(cudaMemcpy(b->x[0], x0, n * 4, cudaMemcpyHostToDevice));
-    fn(b, 0);
-    float *out = fetch(b->x[0], n, DTYPE_F32);
-    for (size_t i = 0; i < n; i++) out[i] -= x0[i];
-    return out;
-}
-
-static void bench_mlp(int C, int H, DType dt, int M) {
-    if (!fused_mlp_fits(dt, C, H)) {
-        printf("mlp %s C=%d H=%d M=%d: does not fit one block's shared memory here (fused_mlp_fits)\n",
-               dtype_name(dt), C, H, M);
-        return;
-    }
-    MlpBench b = {0};
-    b.M = M, b.C = C, b.H = H, b.dt = dt;
-    const size_t wn = (size_t)H * C;
-    b.nsets = nsets_for(2 * wn * dtype_size(dt));
-    float *hw = xmalloc(wn * 4), *hp = xmalloc(wn * 4), *hx = xmalloc((size_t)M * C * 4);
-    float *hg = xmalloc(C * 4), *hs = xmalloc(H * 4), *hb = xmalloc(H * 4), *hpb = xmalloc(C * 4);
-    for (size_t i = 0; i < wn; i++) hw[i] = 0.03f * frand(), hp[i] = 0.02f * frand();
-    for (int k = 0; k < C; k++) hg[k] = 1.0f + 0.1f * frand(), hpb[k] = 0.1f * frand();
-    for (int n = 0; n < H; n++) hs[n] = 0.0f, hb[n] = 0.1f * frand();  // s: the GEMV route ignores it
-    for (size_t i = 0; i < (size_t)M * C; i++) hx[i] = frand();
-    b.x = xmalloc(b.nsets * sizeof(float *));
-    b.fcw = xmalloc(b.nsets * sizeof(void *));
-    b.projw = xmalloc(b.nsets * sizeof(void *));
-    for (int i = 0; i < b.nsets; i++) {
-        CK(cudaMalloc((void **)&b.x[i], (size_t)M * C * 4));
-        CK(cudaMemcpy(b.x[i], hx, (size_t)M * C * 4, cudaMemcpyHostToDevice));
-        b.fcw[i] = upload_w(hw, wn, dt);
-        b.projw[i] = upload_w(hp, wn, dt);
-    }
-    b.gamma = upload_w(hg, C, DTYPE_F32);
-    b.s = upload_w(hs, H, DTYPE_F32);
-    b.b2 = upload_w(hb, H, DTYPE_F32);
-    b.projb = upload_w(hpb, C, DTYPE_F32);
-    CK(cudaMalloc(&b.h, (size_t)M * H * dtype_size(dt)));
-    b.ws_bytes = fused_mlp_workspace_size(M, C, H);
-    CK(cudaMalloc(&b.ws, b.ws_bytes));
-    CK(cudaMemset(b.ws, 0, b.ws_bytes));
-
-    // Validate: the route rounds h to dt, the fused kernel keeps it in fp32.
-    float *ref = mlp_delta(enqueue_mlp_route, &b, hx), *got = mlp_delta(enqueue_mlp_fused, &b, hx);
-    const double e = rel_l2(got, ref, (size_t)M * C), tol = dt == DTYPE_F32 ? 1e-5 : 1e-2;
-    if (!(e <= tol)) {
-        printf("INVALID mlp %s C=%d H=%d M=%d: rel_l2 %.3g vs the two-kernel route (tol %.0e): not timed\n",
-               dtype_name(dt), C, H, M, e, tol);
-    } else {
-        const Timing tf = time_it(enqueue_mlp_fused, &b, b.nsets), tr = time_it(enqueue_mlp_route, &b, b.nsets);
-        const double mb = 2.0 * wn * dtype_size(dt) / 1e6;
-        printf("mlp %s C=%d H=%d M=%d (%.1f MB of weights): fused %.2f us (graph; eager %.2f) | fc + fcproj "
-               "%.2f us (eager %.2f) | %.2fx; fused at %.0f GB/s\n",
-               dtype_name(dt), C, H, M, mb, tf.graph_us, tf.eager_us, tr.graph_us, tr.eager_us,
-               tr.graph_us / tf.graph_us, mb * 1e3 / tf.graph_us);
-    }
-    free(ref), free(got), free(hw), free(hp), free(hx), free(hg), free(hs), free(hb), free(hpb);
-    for (int i = 0; i < b.nsets; i++) cudaFree(b.x[i]), cudaFree(b.fcw[i]), cudaFree(b.projw[i]);
-    free(b.x), free(b.fcw), free(b.projw);
-    cudaFree(b.gamma), cudaFree(b.s), cudaFree(b.b2), cudaFree(b.projb), cudaFree(b.h), cudaFree(b.ws);
-}
-
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
@@ -573,13 +478,6 @@ int main(int argc, char **argv) {
             for (int mi = 0; mi < 6; mi++) bench_ln(shapes[si][0], shapes[si][1], DTYPE_BF16, Md[mi], csv);
         for (int si = 0; si < 2; si++)
             for (int mi = 0; mi < 6; mi++) bench_res(rshapes[si][0], rshapes[si][1], DTYPE_BF16, Md[mi]);
-        return 0;
-    }
-    if (argc == 2 && !strcmp(argv[1], "--mlp")) {  // GPT-2 124M, 355M and 774M at decode rows
-        const int mshapes[][2] = {{768, 3072}, {1024, 4096}, {1280, 5120}};
-        for (int d = 1; d >= 0; d--)
-            for (int si = 0; si < 3; si++)
-                for (int M = 1; M <= FUSED_MLP_MAX_ROWS; M *= 2) bench_mlp(mshapes[si][0], mshapes[si][1], (DType)d, M);
         return 0;
     }
     const int Ms[] = {1, 16, 64, 512, 4096};

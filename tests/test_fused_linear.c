@@ -1,7 +1,6 @@
 // Tests of the fused linear kernels (issue 5) against fp64 host references on fresh random data
 // every run (the seed is printed): kernels/fused_ln_linear.h (LayerNorm + Linear + GELU, plain
-// and QKV-into-cache outputs, strided rows), kernels/linear_residual.h, and kernels/fused_mlp.h (the
-// whole MLP sub-block at decode rows, which composes the two).
+// and QKV-into-cache outputs, strided rows) and kernels/linear_residual.h.
 //
 // Every kernel path (GEMV, tensor-core and cluster GEMVs (bf16), tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
 // N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three kinds of rows: N(0, 1)-ish, offset
@@ -19,8 +18,6 @@
 //                                     round the other way)
 //   bf16, against exact LayerNorm     1e-2 (the operand rounding itself, reported for reference)
 //   linear_residual                   1e-5 fp32, 1e-4 bf16 (operands are bf16 in memory already)
-//   fused_mlp                         1e-5 both (fp32 arithmetic on the weights as stored; the hidden
-//                                     units stay fp32), plus the rounding of the residual add
 // plus a per-element bound (max |err| <= 50 * tol * rms(ref)) that catches a single bad element.
 #include "test.h"
 
@@ -34,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include "fused_ln_linear.h"
-#include "fused_mlp.h"
 #include "linear_residual.h"
 
 // ----------------------------------------------------------------------------
@@ -379,116 +375,6 @@ static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big
     cudaFree(dx), cudaFree(dW), cudaFree(db), cudaFree(dr);
 }
 
-// ----------------------------------------------------------------------------
-// fused_mlp
-
-// One workspace for every case, so that each call also checks that the one before left its
-// counters at zero, whatever its grid.
-static void *mlp_ws;
-static size_t mlp_ws_bytes;
-
-static void run_mlp_case(int M, int C, int H, DType dt, int kind) {
-    char name[160];
-    snprintf(name, sizeof name, "fused_mlp %s M=%d C=%d H=%d %s", dtype_name(dt), M, C, H, data_name[kind]);
-    if (!fused_mlp_fits(dt, C, H)) {
-        test_skip(name, "one block's weight slices do not fit this device's shared memory");
-        return;
-    }
-    const size_t xn = (size_t)(M + 1) * C;  // one row past M: must stay as it was
-    float *x = xmalloc(xn * sizeof(float)), *g = xmalloc(C * sizeof(float)), *beta = xmalloc(C * sizeof(float));
-    float *fcw = xmalloc((size_t)H * C * sizeof(float)), *fcb = xmalloc(H * sizeof(float));
-    float *pw = xmalloc((size_t)C * H * sizeof(float)), *pb = xmalloc(C * sizeof(float));
-    float *b2 = xmalloc(H * sizeof(float));
-    fill_x(x, M + 1, C, kind);
-    for (int k = 0; k < C; k++) g[k] = (float)(1.0 + 0.2 * rng_normal()), beta[k] = (float)(0.1 * rng_normal());
-    for (size_t i = 0; i < (size_t)H * C; i++) fcw[i] = (float)(rng_normal() / sqrt((double)C));
-    for (size_t i = 0; i < (size_t)C * H; i++) pw[i] = (float)(rng_normal() / sqrt((double)H));
-    for (int n = 0; n < H; n++) fcb[n] = (float)(0.1 * rng_normal());
-    for (int n = 0; n < C; n++) pb[n] = (float)(0.1 * rng_normal());
-    void *dfc = upload_matrix(fcw, (size_t)H * C, dt), *dpw = upload_matrix(pw, (size_t)C * H, dt);
-    for (int n = 0; n < H; n++) {  // b' = fcw beta + fcb, from the weights as stored (ln_fold.cu)
-        double acc = fcb[n];
-        for (int k = 0; k < C; k++) acc += (double)fcw[(size_t)n * C + k] * beta[k];
-        b2[n] = (float)acc;
-    }
-    // fp64 reference of what the sub-block adds: LayerNorm, fc, GELU, projection.
-    double *ref = xmalloc((size_t)M * C * sizeof(double)), *ln = xmalloc(C * sizeof(double));
-    double *hid = xmalloc(H * sizeof(double));
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * C;
-        double mean = 0, var = 0;
-        for (int k = 0; k < C; k++) mean += xr[k];
-        mean /= C;
-        for (int k = 0; k < C; k++) var += (xr[k] - mean) * (xr[k] - mean);
-        const double rstd = 1.0 / sqrt(var / C + 1e-5);
-        for (int k = 0; k < C; k++) ln[k] = (xr[k] - mean) * rstd * g[k] + beta[k];
-        for (int n = 0; n < H; n++) {
-            double acc = fcb[n];
-            for (int k = 0; k < C; k++) acc += fcw[(size_t)n * C + k] * ln[k];
-            hid[n] = gelu_ref(acc);
-        }
-        for (int n = 0; n < C; n++) {
-            double acc = pb[n];
-            for (int k = 0; k < H; k++) acc += pw[(size_t)n * H + k] * hid[k];
-            ref[(size_t)m * C + n] = acc;
-        }
-    }
-    float *dx = dev_upload(x, xn * sizeof(float)), *dg = dev_upload(g, C * 4), *db2 = dev_upload(b2, H * 4);
-    float *dpb = dev_upload(pb, C * 4);
-    int rc = fused_mlp(dx, M, C, H, dg, dfc, db2, dpw, dpb, dt, mlp_ws, mlp_ws_bytes, 0);
-    cuda_ok(cudaDeviceSynchronize(), name);
-    float *out = download(dx, xn, DTYPE_F32);
-    // A second call from the same rows must give the same bits (the partials add in a fixed order).
-    cuda_ok(cudaMemcpy(dx, x, xn * sizeof(float), cudaMemcpyHostToDevice), "reupload");
-    int rc2 = fused_mlp(dx, M, C, H, dg, dfc, db2, dpw, dpb, dt, mlp_ws, mlp_ws_bytes, 0);
-    cuda_ok(cudaDeviceSynchronize(), name);
-    float *again = download(dx, xn, DTYPE_F32);
-    float *delta = xcalloc((size_t)M * C, sizeof(float));
-    for (size_t i = 0; i < (size_t)M * C; i++) delta[i] = (float)((double)out[i] - x[i]);
-    Cmp cm = compare(delta, ref, (size_t)M * C);
-    double rx = 0, rd = 0;
-    for (size_t i = 0; i < (size_t)M * C; i++) rx += (double)x[i] * x[i], rd += ref[i] * ref[i];
-    const double tol = 1e-5 + 1.2e-7 * sqrt(rx / (rd > 0 ? rd : 1));
-    const int same = !memcmp(out, again, xn * sizeof(float));
-    const int untouched = !memcmp(out + (size_t)M * C, x + (size_t)M * C, C * sizeof(float));
-    CHECK(rc == 0 && rc2 == 0 && cm.unwritten == 0 && cm.rel_l2 <= tol && cm.max_rel <= 50 * tol && same && untouched,
-          name, "rc=%d/%d unwritten=%lld rel_l2=%.3g (tol %.2g) max_rel=%.3g repeatable=%d row M untouched=%d", rc, rc2,
-          cm.unwritten, cm.rel_l2, tol, cm.max_rel, same, untouched);
-    if (getenv("GPT2_TEST_VERBOSE")) printf("  %s: rel_l2 %.3g max_rel %.3g\n", name, cm.rel_l2, cm.max_rel);
-    free(x), free(g), free(beta), free(fcw), free(fcb), free(pw), free(pb), free(b2), free(ref), free(ln), free(hid);
-    free(out), free(again), free(delta);
-    cudaFree(dfc), cudaFree(dpw), cudaFree(dx), cudaFree(dg), cudaFree(db2), cudaFree(dpb);
-}
-
-static void test_mlp(int small) {
-    mlp_ws_bytes = fused_mlp_workspace_size(FUSED_MLP_MAX_ROWS, 1280, 5120);
-    mlp_ws = dev_upload(NULL, mlp_ws_bytes);
-    cuda_ok(cudaMemset(mlp_ws, 0, mlp_ws_bytes), "workspace");
-    // GPT-2 124M's MLP at 1 and 4 rows, 355M's, then shapes that leave a short last slice of
-    // hidden units and of output columns (C = 104, 200), a single block (H = 8), and odd row counts.
-    const int shapes[][3] = {{1, 768, 3072}, {4, 768, 3072}, {2, 1024, 4096}, {3, 104, 392}, {1, 64, 8}, {4, 200, 1000}};
-    for (int dt = 0; dt < 2; dt++)
-        for (int si = small ? 3 : 0; si < 6; si++)  // the small run (compute-sanitizer): the odd shapes
-            run_mlp_case(shapes[si][0], shapes[si][1], shapes[si][2], (DType)dt, si % 3);
-    if (!small) {  // the numerics at GPT-2's width: offset rows and outlier channels
-        run_mlp_case(2, 768, 3072, DTYPE_BF16, DATA_OFFSET);
-        run_mlp_case(2, 768, 3072, DTYPE_F32, DATA_OUTLIER);
-    }
-    // What it refuses: more rows than it takes, a shape whose slices cannot fit (GPT-2 1558M), C or
-    // H not a multiple of 8, a workspace too small; zero rows do nothing.
-    float *d = dev_upload(NULL, 1 << 20);
-    const int e1 = fused_mlp(d, FUSED_MLP_MAX_ROWS + 1, 64, 8, d, d, d, d, d, DTYPE_F32, mlp_ws, mlp_ws_bytes, 0);
-    const int e2 = fused_mlp(d, 1, 1600, 6400, d, d, d, d, d, DTYPE_BF16, mlp_ws, mlp_ws_bytes, 0);
-    const int e3 = fused_mlp(d, 1, 60, 8, d, d, d, d, d, DTYPE_F32, mlp_ws, mlp_ws_bytes, 0);
-    const int e4 = fused_mlp(d, 1, 768, 3072, d, d, d, d, d, DTYPE_F32, mlp_ws, 300, 0);
-    const int e5 = fused_mlp(d, 0, 64, 8, d, d, d, d, d, DTYPE_F32, mlp_ws, mlp_ws_bytes, 0);
-    CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue &&
-              e4 == cudaErrorInvalidValue && e5 == 0 && !fused_mlp_fits(DTYPE_BF16, 1600, 6400),
-          "fused_mlp bad arguments", "got %d %d %d %d %d", e1, e2, e3, e4, e5);
-    cudaFree(d);
-    cudaFree(mlp_ws);
-}
-
 // Bad arguments come back as cudaErrorInvalidValue, nothing launched.
 static void test_bad_args(void) {
     float *d = dev_upload(NULL, 4096);
@@ -597,7 +483,6 @@ int main(void) {
         for (int si = small ? 2 : 0; si < 5; si++)
             run_res_case(cshapes[si][0], cshapes[si][1], cshapes[si][2], DTYPE_BF16, LINEAR_PATH_CLUSTER, si == 1);
     }
-    test_mlp(small);
     test_bad_args();
     return test_exit_code();
 }
