@@ -6,12 +6,13 @@
 //                      re-packed in registers as the A operand of P V (the layouts coincide), so P
 //                      never touches shared memory. Online softmax in exp2 with the scale folded
 //                      into one FFMA; only tiles that cross the diagonal are masked. K and V tiles of
-//                      64 keys are double-buffered through cp.async. Two shapes: 128 queries per
+//                      64 keys are double-buffered through cp.async. Three shapes: 128 queries per
 //                      block, 4 warps of 32 rows (each K or V fragment feeds two mma's), where the
 //                      grid fills two blocks per SM (B = 8, T = 1024: 96 -> 59 us); else 64 queries,
-//                      8 warps of 16 rows in two groups that take alternate key tiles, each on its
-//                      own named barrier, and merge their (max, sum, acc) at the end, halving the
-//                      longest block's chain. The longest query tiles are launched first.
+//                      warps of 16 rows in two groups of 4 (four from 512 keys) that take alternate
+//                      key tiles, each on its own named barrier, and merge their (max, sum, acc) at
+//                      the end, dividing the longest block's chain. The longest query tiles are
+//                      launched first.
 //   attn_prefill_simt  fp32 (and bf16 with HS % 8 != 0), T > 4: the same tiling on fp32 FMAs.
 //                      128 threads hold a 4 (or 2) x 8 score micro-tile each; Q and K sit
 //                      transposed in shared memory so every inner-loop read is conflict-free.
@@ -768,7 +769,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // group double-buffers its tiles through cp.async and syncs on its own named barrier) and merge their
 // (max, sum, acc) at the end, which divides the longest block's serial chain by G.
 template <int HSP, int MI, int QW, int G> struct MmaCfg {
-    static_assert(G <= 2, "named barriers 1 and 2");
+    static_assert(G <= 4, "named barriers 1 to 4");
     static constexpr int BM = 16 * MI * QW;  // queries per block
     static constexpr int GT = 32 * QW;       // threads per group
     static constexpr int THREADS = GT * G;
@@ -786,8 +787,12 @@ template <int HSP, int MI, int QW, int G> struct MmaCfg {
 // Named barrier 1 + g for the NTHR threads of group g (0 is __syncthreads). Immediate ids: with a
 // register id the compiler reserves all 16 barriers.
 template <int NTHR> __device__ __forceinline__ void group_barrier(int g) {
-    if (g == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(NTHR) : "memory");
-    else asm volatile("bar.sync 2, %0;\n" ::"n"(NTHR) : "memory");
+    switch (g) {
+    case 0: asm volatile("bar.sync 1, %0;\n" ::"n"(NTHR) : "memory"); break;
+    case 1: asm volatile("bar.sync 2, %0;\n" ::"n"(NTHR) : "memory"); break;
+    case 2: asm volatile("bar.sync 3, %0;\n" ::"n"(NTHR) : "memory"); break;
+    default: asm volatile("bar.sync 4, %0;\n" ::"n"(NTHR) : "memory"); break;
+    }
 }
 
 // Where the rows a prefill block reads live: rows [0, split) at `old` (row stride old_stride), rows
@@ -811,12 +816,12 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
     if constexpr (NTHR % CPR == 0) {
         // A thread keeps one column chunk c and takes rows t0, t0 + RS, ...
         constexpr int RS = NTHR / CPR;
-        static_assert(ROWS % RS == 0, "tile split");
+        static_assert(ROWS % RS == 0 || RS % ROWS == 0, "tile split");
         const int c = i0 % CPR, t0 = i0 / CPR;
-        if (c * 8 >= HS) return;  // the padding columns were zeroed once
+        if (c * 8 >= HS || t0 >= ROWS) return;  // the padding columns were zeroed once
         bf16 *d = dst + t0 * ST + c * 8;
 #pragma unroll
-        for (int i = 0; i < ROWS / RS; i++) {
+        for (int i = 0; i < (ROWS + RS - 1) / RS; i++) {
             const int t = t0 + i * RS;
             const bool ok = t < rows_valid;
             cp_async16(d + i * RS * ST, ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
@@ -1107,17 +1112,21 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
 // ----------------------------------------------------------------------------
 // Host side
 
-int sm_count() {
+// An attribute of the current device, cached (the launchers ask at every call); `fallback` when it
+// cannot be read.
+template <cudaDeviceAttr A> int device_attr(int fallback) {
     static int cached[64];
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 108;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return fallback;
     if (!cached[dev]) {
         int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 108;
+        if (cudaDeviceGetAttribute(&n, A, dev) != cudaSuccess || n <= 0) n = fallback;
         cached[dev] = n;
     }
     return cached[dev];
 }
+int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(108); }
+int smem_optin() { return device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(99 * 1024); }
 
 template <typename K> cudaError_t allow_smem(K kernel, size_t bytes) {
     if (bytes <= 48 * 1024) return cudaSuccess;
@@ -1309,12 +1318,17 @@ cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *ou
 // (132 SMs), bench_fused_attention, us per call for B = 1 / B = 8 at T = 1024: the 128-query blocks
 // 21.5 / 59.1 (B = 1 has 96 of them); the 64-query blocks 12.9 / 90.3; 64 queries as 2 warps of 32
 // rows in four groups 15.5 / 102; 32 queries as 2 warps of 16 rows in four groups 19.7 / 135.
+// From 512 keys (HS <= 64, where its 157 KB of shared memory fit) the 64-query blocks take 16 warps
+// in four groups instead, a quarter of the longest chain each: B = 1 at T = 512 / 768 / 1024 9.64 /
+// 13.19 / 16.65 -> 8.72 / 11.70 / 14.58 us (docs/PERF.md, "Session 7").
 template <int HSP>
 cudaError_t launch_mma_hs(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
                           int max_seq, cudaStream_t stream) {
     if constexpr (HSP <= 64) {
         if ((long long)((T + 127) / 128) * NH * B >= 2LL * sm_count())
             return launch_mma_cfg<HSP, 2, 4, 1>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+        if (pos + T >= 8 * 64 && MmaCfg<HSP, 1, 4, 4>::bytes <= (size_t)smem_optin())
+            return launch_mma_cfg<HSP, 1, 4, 4>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
     }
     return launch_mma_cfg<HSP, 1, 4, 2>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }

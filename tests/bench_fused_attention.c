@@ -1,5 +1,6 @@
 // Micro-benchmark: fused_attention against the unfused baseline at GPT-2 124M shapes (NH=12, HS=64,
-// max_seq=1024): prefill B=1/8 x T=1024, and decode T=1 at cache lengths 16, 272, 1024 for B=1/8/64;
+// max_seq=1024): prefill B=1/8 x T=1024 (or the T given), and decode T=1 at cache lengths 16, 272, 1024
+// for B=1/8/64;
 // fp32 and bf16. Build: make build/gpu/tests/bench_fused_attention (not run by make test).
 //
 // Baseline (what an engine without fused attention runs): cuBLAS batched Q K^T into fp32 scores
@@ -252,7 +253,7 @@ int main(int argc, char **argv) {
         printf("bench_fused_attention: no GPU\n");
         return 0;
     }
-    // Optional filters: bench_fused_attention [fp32|bf16 [prefill|decode [B [L]]]]
+    // Optional filters: bench_fused_attention [fp32|bf16 [prefill|decode [B [L]]]]; a prefill's L is its T
     const char *only = argc > 1 ? argv[1] : NULL;
     const char *kind = argc > 2 ? argv[2] : NULL;
     const int onlyB = argc > 3 ? atoi(argv[3]) : 0, onlyL = argc > 4 ? atoi(argv[4]) : 0;
@@ -269,7 +270,8 @@ int main(int argc, char **argv) {
         DType dt = d ? DTYPE_BF16 : DTYPE_F32;
         if (only && strcmp(only, dtype_name(dt))) continue;
         for (int B = 1; B <= 8; B += 7)
-            if ((!kind || !strcmp(kind, "prefill")) && (!onlyB || onlyB == B)) bench_case(h, st, dt, B, 1024, 0, bw);
+            if ((!kind || !strcmp(kind, "prefill")) && (!onlyB || onlyB == B))
+                bench_case(h, st, dt, B, onlyL ? onlyL : 1024, 0, bw);
         const int Ls[3] = {16, 272, 1024}, Bs[3] = {1, 8, 64};
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 3; j++)

@@ -286,6 +286,9 @@ int main(void) {
         {4, 1, 500, 12, 64, 512, 30, 1, 0},     // large scores, decode
         {2, 1, 700, 3, 64, 777, 1, 0, 0},       // no workspace: one block per head
         {2, 2, 700, 3, 64, 777, 1, 2, 0},       // workspace for 3 splits only
+        {1, 300, 250, 4, 64, 600, 1, 1, 0},     // bf16 keys over four groups (>= 512 keys), uneven tiles
+        {1, 520, 0, 3, 32, 600, 1, 1, 0},       // the same at HS=32
+        {1, 130, 400, 2, 64, 600, 30, 1, 0},    // the same with large scores
         {1, 1024, 0, 12, 64, 1024, 1, 1, 0},    // GPT-2 124M prefill, full context
         {64, 1, 1023, 12, 64, 1024, 1, 1, 0},   // GPT-2 124M decode at B=64, full cache
         {1, 1, 37, 12, 64, 1024, 1, 1, 1},   // decode graph: position 37 from the device, split for 1023
