@@ -1318,9 +1318,9 @@ cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *ou
 // (132 SMs), bench_fused_attention, us per call for B = 1 / B = 8 at T = 1024: the 128-query blocks
 // 21.5 / 59.1 (B = 1 has 96 of them); the 64-query blocks 12.9 / 90.3; 64 queries as 2 warps of 32
 // rows in four groups 15.5 / 102; 32 queries as 2 warps of 16 rows in four groups 19.7 / 135.
-// From 512 keys (HS <= 64, where its 157 KB of shared memory fit) the 64-query blocks take 16 warps
-// in four groups instead, a quarter of the longest chain each: B = 1 at T = 512 / 768 / 1024 9.64 /
-// 13.19 / 16.65 -> 8.72 / 11.70 / 14.58 us (docs/PERF.md, "Session 7").
+// From 512 keys (HS <= 64, where the shared memory fits: 157 KB at HS = 64, 87 at 32) the 64-query
+// blocks take 16 warps in four groups instead, a quarter of the longest chain each: B = 1 at T = 512 /
+// 768 / 1024 9.64 / 13.19 / 16.65 -> 8.72 / 11.70 / 14.58 us (docs/PERF.md, "Session 7").
 template <int HSP>
 cudaError_t launch_mma_hs(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
                           int max_seq, cudaStream_t stream) {
