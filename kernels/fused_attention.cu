@@ -129,7 +129,8 @@ constexpr int kMaxCounters = (int)(kCounterBytes / sizeof(unsigned));
 // The end of a split block: its partial (res = unnormalised sum p.v [T][HS], ms / ls = max and sum
 // per query, all in shared memory and visible) goes to pb = this head's partials [T][splits][2 + HS];
 // the last of the head's blocks to arrive (counter) merges all splits into out (this head's columns
-// of row b*T) and leaves the counter at zero (an empty chunk has m = -inf, l = 0, acc = 0):
+// of row b*T) and leaves the counter at zero (a query that sees no key of a chunk has m = -inf, l = 0,
+// acc = 0 there):
 //   out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M finite (split 0 holds key 0).
 template <typename E>
 __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *outh, int T, int HS, int C, int split,
@@ -180,11 +181,15 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
                                                          E *__restrict__ out, unsigned *__restrict__ counters,
                                                          float *__restrict__ part, int pos,
                                                          const int *__restrict__ pos_device, int NH, int HS,
-                                                         int max_seq, int chunk, int splits, float scale_log2) {
+                                                         int max_seq, int chunk, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
     pdl_wait();               // q and the new key/value row come from the kernel before
-    if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
+    if (pos_device) pos = *pos_device;  // a decode graph's position; the grid was laid out for the bound
+    // The chunks that hold a key; the blocks past them leave now (a decode graph's grid covers the
+    // longest cache, and its empty blocks used to join the merge: docs/PERF.md, "Session 8").
+    const int splits = (pos + chunk) / chunk;
+    if ((int)blockIdx.x >= splits) return;
     constexpr int VW = 16 / sizeof(E);
     constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
     constexpr int NS = 16;                     // streams per block
@@ -297,12 +302,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     float M = -INFINITY;
 #pragma unroll
     for (int s2 = 0; s2 < NS; s2++) M = fmaxf(M, sm_m[s2]);
-    // M is -inf only for a chunk past the cache's end (a decode graph lays the split out for the
-    // longest cache): it contributes nothing, as finish_split's weight 2^(-inf - M) = 0 says.
+    // M is finite: every block still here holds a key.
     float w[NS], den = 0.f;
 #pragma unroll
     for (int s2 = 0; s2 < NS; s2++) {
-        w[s2] = M == -INFINITY ? 0.f : exp2f(sm_m[s2] - M);
+        w[s2] = exp2f(sm_m[s2] - M);
         den = fmaf(w[s2], sm_l[s2], den);
     }
     E *outh = out + (size_t)b * C + h * HS;
@@ -355,12 +359,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode(const E *__restrict__ q,
                                                         const E *__restrict__ vc, E *__restrict__ out,
                                                         unsigned *__restrict__ counters, float *__restrict__ part,
                                                         int T, int pos, const int *__restrict__ pos_device, int NH,
-                                                        int HS, int max_seq, int chunk, int splits, float scale_log2,
-                                                        int vec) {
+                                                        int HS, int max_seq, int chunk, float scale_log2, int vec) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
     pdl_wait();               // q and the new key/value row come from the kernel before
-    if (pos_device) pos = *pos_device;  // a decode graph's position; the split was laid out for the bound
+    if (pos_device) pos = *pos_device;  // a decode graph's position; the grid was laid out for the bound
+    const int splits = (pos + T + chunk - 1) / chunk;  // the chunks that hold a key (attn_decode1)
+    if ((int)blockIdx.x >= splits) return;
     constexpr int VW = 16 / sizeof(E);
     constexpr int KT = kDecodeKT;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -1211,7 +1216,7 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
     return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), lay.total, stream, q, kc, vc, out,
-                      counters, part, T, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2, (int)vec);
+                      counters, part, T, pos, pos_device, NH, HS, max_seq, sp.chunk, scale_log2, (int)vec);
 }
 
 template <typename E, int QIT>
@@ -1226,7 +1231,7 @@ cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, in
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
     return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), 0, stream, nr, kc, vc, out, counters,
-                      part, pos, pos_device, NH, HS, max_seq, sp.chunk, sp.splits, scale_log2);
+                      part, pos, pos_device, NH, HS, max_seq, sp.chunk, scale_log2);
 }
 
 // attn_decode1 needs whole 16-byte chunks: HS and the row stride multiples of 16 bytes, every base
