@@ -11,9 +11,10 @@
 //
 // Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
 //   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
-//             in shared memory and normalises them there (exact two-pass statistics: x is tiny),
-//             so the weights multiply the true LayerNorm output. bf16 with 8 < M <= 16: the same
-//             staging, then tensor cores (mma.sync) fed with W straight from global memory.
+//             in shared memory as gamma (x - c), each warp takes exact two-pass statistics of whole
+//             rows (x is tiny), and the epilogue applies the formula above. bf16 with 8 < M <= 16:
+//             the rows staged normalised (as bf16), then tensor cores (mma.sync) fed with W straight
+//             from global memory.
 //   bf16, 4 < M <= 32 on sm_90 and later: the cluster GEMV. The same exact statistics and
 //             tensor cores, with the rows of x staged once per cluster of 8 blocks (distributed
 //             shared memory) instead of once per block.
@@ -32,9 +33,11 @@
 // which is the same function (mean = c + dmean) with every term of the size of the spread as long
 // as c is within a few standard deviations of the mean, which the mean of 16-32 values is (a row
 // of 768 with one channel of 500 among N(0, 1) ones puts c at ~16-31, near the row's std of ~18).
-// The GEMV paths stage whole rows, so they need no such care: the FMA GEMV takes exact two-pass
-// statistics around c = x[0]; the tensor-core GEMV (bf16 only) one pass around c = x[0], whose
-// error (x - c is exact for an offset row) stays far under the bf16 rounding of its operand.
+// The GEMV paths stage whole rows, so they need less care: the FMA GEMV takes exact two-pass
+// statistics around c = x[0] and multiplies fp32 gamma (x - c), so W.x - dmean * s_n subtracts
+// terms of the size of |x[0] - mean|, which stays within fp32's 1e-5 even when x[0] is a +-500
+// channel; the tensor-core GEMV (bf16 only) one pass around c = x[0], whose error (x - c is exact
+// for an offset row) stays far under the bf16 rounding of its operand.
 // tests/test_fused_linear.c checks offset rows (mean 100, std 1) and outlier channels (+-500).
 //
 // All pointers are device memory. Nothing is allocated per call and the host never waits: every

@@ -9,9 +9,10 @@
 //
 // Five kernels, picked by the launchers by M and dtype (auto_path, at the end):
 //   gemv_kernel     M <= 16 (decode). Each block stages its rows of x in shared memory once
-//                   (normalised there when LN: x is tiny, so the statistics are exact two-pass),
-//                   then each warp streams whole W rows with 16-byte loads, NPW rows at a time,
-//                   every SM busy; lanes split K, a butterfly sums them.
+//                   (with LN shifted and scaled by gamma there; each warp takes exact two-pass
+//                   statistics of whole rows with shuffles, and the epilogue applies the folded
+//                   form), then each warp streams whole W rows with 16-byte loads, NPW rows at a
+//                   time, every SM busy; lanes split K, a butterfly sums them.
 //   gemv_tc_kernel  bf16, 8 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
 //                   with W straight from global memory into B fragments.
 //   cluster_kernel  bf16, 4 < M <= 32 with LN (64 without) on sm_90: the GEMV layout with the rows
@@ -191,6 +192,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 //     once instead of one warp walking it batch by batch; the group's partial sums meet in shared
 //     memory.
 //
+// The LayerNorm is kept short after the wait: gamma is staged before it (after a step's weights
+// it is no longer in L2), the rows are staged as gamma (x - c), c = x[0], and each warp then takes
+// the two-pass statistics of whole rows from a second copy, x - c, with shuffles only (no block
+// barrier at one row); the epilogue applies them: rstd (acc - dmean s_n) + b'. Normalising the
+// rows in shared memory first (block-wide sums, three barriers) cost ~1 us a call; this ~0.45
+// (docs/PERF.md, "Session 9").
+//
 // Shared memory: xs[MT][KP] of XT (fp32, or bf16 for a bf16 plain-linear x), KP = K rounded up to
 // one warp chunk (32 lanes x VEC). With fp32 xs and bf16 W (VEC = 8) a lane needs 8 consecutive
 // floats = two 16-byte reads 32 bytes apart from its neighbour's: a 2-way bank conflict. So within
@@ -200,11 +208,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 constexpr int GEMV_THREADS = 256;
 constexpr int GEMV_WARPS = GEMV_THREADS / 32;
 
-// Shared-memory floats the GEMV needs beside xs: gamma [KP] (LN), the statistics' partial sums
-// [WARPS][MT] and results [3][MT] (LN), and the split-K partials [WARPS][32].
-template <int MT, bool LN>
-constexpr int gemv_extra_floats(int KP) {
-    return (LN ? KP + GEMV_WARPS * MT + 3 * MT : 0) + GEMV_WARPS * 32;
+// Shared memory of a GEMV block in bytes: xs [mt][KP] of XT; with LN the shifted rows xr [mt][KP],
+// gamma [KP] and the statistics [2][mt] (fp32); the split-K partials [WARPS][32].
+__host__ __device__ constexpr long long gemv_smem_bytes(int mt, bool ln, long long KP, int xt_bytes) {
+    return mt * KP * xt_bytes + (ln ? (mt * KP + KP + 2 * mt) * 4 : 0) + GEMV_WARPS * 32 * 4;
 }
 
 template <typename WT, typename XT>
@@ -296,27 +303,35 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[MT][NPW], const uint4 (&w)
     }
 }
 
-// Sums part[m] over the block; thread m < MT returns row m's total (other threads: 0).
-// red: [GEMV_WARPS][MT] floats of shared memory, free again once the caller's next barrier passes.
-template <int MT>
-__device__ __forceinline__ float block_sum_rows(const float (&part)[MT], float *red, int tid) {
-    const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
-    for (int m = 0; m < MT; m++) {
-        float v = part[m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) red[warp * MT + m] = v;
+// LayerNorm statistics of one row from its shifted copy d = x - c (fp32, K elements, zero up to
+// the next multiple of 4), taken by one warp: dmean = mean(d) and rstd = 1 / sqrt(var + eps), the
+// variance exact two-pass around dmean. Every lane returns both.
+__device__ __forceinline__ float2 warp_ln_stats(const float *d, int K, int lane) {
+    float s = 0.0f;
+#pragma unroll 4
+    for (int k = 4 * lane; k < K; k += 128) {
+        const float4 v = *reinterpret_cast<const float4 *>(d + k);
+        s += (v.x + v.y) + (v.z + v.w);
     }
-    __syncthreads();
-    float total = 0.0f;
-    if (tid < MT)
-        for (int w = 0; w < GEMV_WARPS; w++) total += red[w * MT + tid];
-    return total;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float dmean = s / K;
+    float q = 0.0f;
+#pragma unroll 4
+    for (int k = 4 * lane; k < K; k += 128) {
+        const float4 v = *reinterpret_cast<const float4 *>(d + k);
+        const float t[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float u = k + i < K ? t[i] - dmean : 0.0f;
+            q = fmaf(u, u, q);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    return make_float2(dmean, 1.0f / sqrtf(q / K + LN_EPS));
 }
 
-// Rows [m0, m0 + MT) ∩ [0, M) of x (row stride ldx) against all N columns. LN: x fp32 and
-// gamma given; the block normalises its rows in shared memory (exact two-pass mean / variance),
-// so the epilogue adds b' only (s unused).
+// Rows [m0, m0 + MT) ∩ [0, M) of x (row stride ldx) against all N columns. LN: x fp32, gamma and
+// e.s given; acc sums W_nk gamma_k (x_k - c) and the epilogue makes it rstd (acc - dmean s_n) + b'.
 // Work: NPW consecutive rows of W form a group; a warp group of ksplit warps takes a group, warp
 // ks of it the ks-th slice of the K chunks. Warp group wg of block b takes groups
 // b + gridDim * (wg + (WARPS / ksplit) * i), so each SM gets an even share whatever N is.
@@ -338,45 +353,60 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     const int c_begin = min(nch, ks * per_slice), c_end = min(nch, c_begin + per_slice);
     const int g_step = gridDim.x * groups_per_block;
 
-    // Staging area: "rows" r < MT are x's rows (zero past K and past the last row, so padded lanes
-    // add nothing), r == MT is gamma (LN). 16-byte loads, four in flight per thread before any is
-    // stored.
-    float *gs = reinterpret_cast<float *>(xs + (size_t)MT * KP);  // LN: gamma [KP]
-    float *split_sums = gs + (LN ? KP + GEMV_WARPS * MT + 3 * MT : 0);  // [WARPS][32]
+    // Staging: row m of x (zero past K and past the last row, so padded lanes add nothing), with LN
+    // xs = gamma (x - c) and xr = x - c around c = x[m][0] (x - c is exact for a row whose mean is
+    // large against its spread). 16-byte loads, four in flight per thread before any is stored.
+    float *xr = reinterpret_cast<float *>(xs + (size_t)MT * KP);  // LN: [MT][KP], k in order
+    float *gs = xr + (LN ? (size_t)MT * KP : 0);                  // LN: gamma [KP]
+    float *stats = gs + (LN ? KP : 0);                            // LN, MT > 1: dmean [MT], rstd [MT]
+    float *split_sums = stats + (LN ? 2 * MT : 0);                // [WARPS][32]
     constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
     const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
                       (!LN || (reinterpret_cast<uintptr_t>(gamma) % 16) == 0);
     const int qpr = KP / XE;
-    auto stage = [&](int r0, int r1) {
+    auto stage = [&]() {
         if (xvec) {
-            const int total = r1 * qpr;
-            for (int base = r0 * qpr + tid; base < total; base += 4 * GEMV_THREADS) {
+            const int total = MT * qpr;
+            for (int base = tid; base < total; base += 4 * GEMV_THREADS) {
                 uint4 v[4];
+                float c[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int q = base + j * GEMV_THREADS, m = q / qpr, k = XE * (q - m * qpr);
                     v[j] = make_uint4(0, 0, 0, 0);
-                    if (q < total && k < K) {
-                        if (m < rows) v[j] = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)(m0 + m) * ldx + k));
-                        else if (LN && m == MT) v[j] = __ldg(reinterpret_cast<const uint4 *>(gamma + k));
+                    c[j] = 0.0f;
+                    if (q < total && k < K && m < rows) {
+                        const XT *row = x + (size_t)(m0 + m) * ldx;
+                        v[j] = __ldg(reinterpret_cast<const uint4 *>(row + k));
+                        if constexpr (LN) c[j] = __ldg(reinterpret_cast<const float *>(row));
                     }
                 }
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int q = base + j * GEMV_THREADS, m = q / qpr, k = XE * (q - m * qpr);
                     if (q >= total) continue;
-                    if (m == MT) *reinterpret_cast<uint4 *>(gs + k) = v[j];
-                    else *reinterpret_cast<uint4 *>(xs + (size_t)m * KP + xs_pos<WT, XT>(k)) = v[j];
+                    XT *dst = xs + (size_t)m * KP + xs_pos<WT, XT>(k);
+                    if constexpr (LN) {
+                        const float4 xv = *reinterpret_cast<const float4 *>(&v[j]);
+                        const float4 g = *reinterpret_cast<const float4 *>(gs + k);
+                        const float4 d = make_float4(xv.x - c[j], xv.y - c[j], xv.z - c[j], xv.w - c[j]);
+                        *reinterpret_cast<float4 *>(xr + (size_t)m * KP + k) = d;
+                        *reinterpret_cast<float4 *>(dst) = make_float4(g.x * d.x, g.y * d.y, g.z * d.z, g.w * d.w);
+                    } else {
+                        *reinterpret_cast<uint4 *>(dst) = v[j];
+                    }
                 }
             }
         } else {
-            for (int i = r0 * KP + tid; i < r1 * KP; i += GEMV_THREADS) {
+            for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
                 const int m = i / KP, k = i - m * KP;
-                if (m == MT) {
-                    if (k < K) gs[k] = gamma[k];
-                    continue;
+                const bool in = m < rows && k < K;
+                float v = in ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
+                if constexpr (LN) {
+                    v -= in ? load_x<XT>(x, ldx, m0 + m, 0) : 0.0f;
+                    xr[(size_t)m * KP + k] = v;
+                    v *= gs[k];
                 }
-                float v = (m < rows && k < K) ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
                 if constexpr (sizeof(XT) == 2) xs[(size_t)m * KP + k] = __float2bfloat16_rn(v);
                 else xs[(size_t)m * KP + xs_pos<WT, XT>(k)] = v;
             }
@@ -385,9 +415,9 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
 
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
-    // Weights first, before the wait for the previous kernel: this warp's first W batch, gamma,
-    // and the bias of the column this lane will store (lane i < MT * NPW stores item (i / NPW,
-    // i % NPW) of its group).
+    // Weights first, before the wait for the previous kernel: this warp's first W batch, and the
+    // bias (and LN: s_n) of the column this lane will store (lane i < MT * NPW stores item
+    // (i / NPW, i % NPW) of its group).
     int g = blockIdx.x + gridDim.x * wg;
     uint4 wv[U][NPW];
     auto load_batch = [&](int grp, int c0) {
@@ -400,14 +430,25 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     };
     const int store_m = lane / NPW;
     const bool stores = ks == 0 && lane < MT * NPW && store_m < rows;
-    float bias_n = 0.0f;
+    float bias_n = 0.0f, s_n = 0.0f;
     auto load_bias = [&](int grp) {
         const int n = grp * NPW + lane % NPW;
-        bias_n = (stores && e.bias && grp < ngroups && n < N) ? __ldg(e.bias + n) : 0.0f;
+        const bool here = stores && grp < ngroups && n < N;
+        bias_n = (here && e.bias) ? __ldg(e.bias + n) : 0.0f;
+        if constexpr (LN) s_n = here ? __ldg(e.s + n) : 0.0f;
     };
     if (g < ngroups) load_batch(g, c_begin);
     load_bias(g);
-    if constexpr (LN) stage(MT, MT + 1);
+    if constexpr (LN) {  // gamma (zero past K) before the wait too: it is not in L2 after a step's weights
+        for (int k = XE * tid; k < KP; k += XE * GEMV_THREADS) {
+            float4 gk = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (xvec && k < K) gk = __ldg(reinterpret_cast<const float4 *>(gamma + k));
+            else if (!xvec)
+                for (int i = 0; i < 4; i++) (&gk.x)[i] = k + i < K ? gamma[k + i] : 0.0f;
+            *reinterpret_cast<float4 *>(gs + k) = gk;
+        }
+        __syncthreads();
+    }
     Epilogue e_nobias = e;  // the bias is added from bias_n
     e_nobias.bias = nullptr;
     if (e.pos_dev) {  // a decode graph's position: its host-to-device copy precedes the step's first kernel
@@ -415,50 +456,22 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         e_nobias.pos_dev = nullptr;
     }
     pdl_wait();
-    stage(0, MT);
+    stage();
     __syncthreads();
+    float dmean = 0.0f, rstd = 1.0f;  // LN: the statistics of row store_m
     if constexpr (LN) {
-        // Two passes over each row around c = x[0]: x - c is exact for an offset row (Sterbenz),
-        // and the mean is never formed, only dmean = mean - c, so no rounding of a large mean
-        // enters. All warps share each pass (one warp per row left the block waiting at the barrier).
-        float *red = gs + KP;              // [GEMV_WARPS][MT] partial sums
-        float *st = red + GEMV_WARPS * MT;  // cs[MT], dm[MT], rstd[MT]
-        float *xsf = reinterpret_cast<float *>(xs);
-        float part[MT];
-#pragma unroll
-        for (int m = 0; m < MT; m++) part[m] = 0.0f;
-        for (int k = tid; k < K; k += GEMV_THREADS) {
-            const int p = xs_pos<WT, XT>(k);
-#pragma unroll
-            for (int m = 0; m < MT; m++) part[m] += xsf[m * KP + p] - xsf[m * KP];
-        }
-        float total = block_sum_rows<MT>(part, red, tid);
-        if (tid < MT) {
-            st[tid] = xsf[tid * KP];   // c
-            st[MT + tid] = total / K;  // dmean
-        }
-        __syncthreads();
-#pragma unroll
-        for (int m = 0; m < MT; m++) part[m] = 0.0f;
-        for (int k = tid; k < K; k += GEMV_THREADS) {
-            const int p = xs_pos<WT, XT>(k);
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const float d = (xsf[m * KP + p] - st[m]) - st[MT + m];
-                part[m] = fmaf(d, d, part[m]);
+        if constexpr (MT == 1) {  // every warp takes the one row's statistics itself: no barrier
+            const float2 r = warp_ln_stats(xr, K, lane);
+            dmean = r.x, rstd = r.y;
+        } else {  // warp w takes rows w, w + WARPS, ...
+            for (int m = warp; m < MT; m += GEMV_WARPS) {
+                const float2 r = warp_ln_stats(xr + (size_t)m * KP, K, lane);
+                if (lane == 0) stats[m] = r.x, stats[MT + m] = r.y;
             }
+            __syncthreads();
+            const int sm = min(store_m, MT - 1);
+            dmean = stats[sm], rstd = stats[MT + sm];
         }
-        total = block_sum_rows<MT>(part, red, tid);
-        if (tid < MT) st[2 * MT + tid] = 1.0f / sqrtf(total / K + LN_EPS);
-        __syncthreads();
-        for (int k = tid; k < K; k += GEMV_THREADS) {
-            const int p = xs_pos<WT, XT>(k);
-            const float gk = gs[k];
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-                xsf[m * KP + p] = ((xsf[m * KP + p] - st[m]) - st[MT + m]) * st[2 * MT + m] * gk;
-        }
-        __syncthreads();
     }
 
     // Rounds are block-uniform (the split-K sums meet at __syncthreads); a warp group whose group
@@ -467,7 +480,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         const bool active = g < ngroups;
         const int store_n = g * NPW + lane % NPW;
         // The residual this lane adds to, read now so that the store waits on nothing.
-        const float resid = (e.mode == OUT_RESIDUAL && stores && active && store_n < N)
+        const float resid = (!LN && e.mode == OUT_RESIDUAL && stores && active && store_n < N)
                                 ? e.residual[(size_t)(m0 + store_m) * e.N + store_n]
                                 : 0.0f;
         float acc[MT][NPW];
@@ -504,8 +517,8 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
             __syncthreads();  // split_sums is rewritten next round
         }
         if (stores && active && store_n < N) {
-            const float v = mine + bias_n;
-            if (e.mode == OUT_RESIDUAL) e.residual[(size_t)(m0 + store_m) * e.N + store_n] = resid + v;
+            const float v = (LN ? rstd * (mine - dmean * s_n) : mine) + bias_n;
+            if (!LN && e.mode == OUT_RESIDUAL) e.residual[(size_t)(m0 + store_m) * e.N + store_n] = resid + v;
             else epi_store(e_nobias, m0 + store_m, store_n, v);
         }
         load_bias(g + g_step);
@@ -1393,7 +1406,7 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
                                   const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int CH = 32 * (16 / sizeof(WT));
     const int KP = (K + CH - 1) / CH * CH;
-    const int smem = MT * KP * (int)sizeof(XT) + gemv_extra_floats<MT, LN>(KP) * 4;
+    const int smem = (int)gemv_smem_bytes(MT, LN, KP, (int)sizeof(XT));
     auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
@@ -1420,12 +1433,11 @@ template <typename WT, typename XT, bool LN>
 inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, const WT *W, int M, int N, int K,
                                const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int CH = 32 * (16 / sizeof(WT));
-    const long long row_bytes = (long long)(K + CH - 1) / CH * CH * (long long)sizeof(XT);
+    const long long KP = ((long long)K + CH - 1) / CH * CH;
     int mt = 1;
     while (mt < 16 && mt < M) mt *= 2;
-    const long long extra = gemv_extra_floats<16, LN>((int)(row_bytes / sizeof(XT))) * 4LL;  // gamma, sums
-    while (mt > 1 && mt * row_bytes + extra > d.smem_optin) mt /= 2;
-    if (row_bytes + extra > d.smem_optin) return cudaErrorInvalidValue;  // one row of x does not fit
+    while (mt > 1 && gemv_smem_bytes(mt, LN, KP, sizeof(XT)) > d.smem_optin) mt /= 2;
+    if (gemv_smem_bytes(1, LN, KP, sizeof(XT)) > d.smem_optin) return cudaErrorInvalidValue;  // one row does not fit
     switch (mt) {
     case 1: return launch_gemv_mt<WT, XT, 1, 4, 3, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
     case 2: return launch_gemv_mt<WT, XT, 2, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);

@@ -2,11 +2,12 @@
 // every run (the seed is printed): kernels/fused_ln_linear.h (LayerNorm + Linear + GELU, plain
 // and QKV-into-cache outputs, strided rows) and kernels/linear_residual.h.
 //
-// Every kernel path (GEMV, tensor-core and cluster GEMVs (bf16), tiled XS / S / L, auto) on awkward shapes (K = 96, 97, 100, 768;
-// N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three kinds of rows: N(0, 1)-ish, offset
-// (mean 100, std 1: one-pass variance and W.x - mean*s cancel badly there) and outliers (two
-// channels of +-300..500, one of them inside the first tile that sets the kernels' shift, like
-// GPT-2's residual stream). Outputs are poisoned (NaN) first; every element must be written and
+// Every kernel path (GEMV, tensor-core and cluster GEMVs (bf16), tiled XS / S / L, auto) on
+// awkward shapes (K = 96, 97, 100, 768; N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three
+// kinds of rows: N(0, 1)-ish, offset (mean 100, std 1: one-pass variance and W.x - mean*s cancel
+// badly there) and outliers (two channels of +-300..500, one of them inside the first tile that
+// sets the tiled kernels' shift, like GPT-2's residual stream; in rows 0, 2, 4, ... a third at
+// x[0], the GEMVs' shift). Outputs are poisoned (NaN) first; every element must be written and
 // nothing outside the output (cache slots of other positions, row padding) touched.
 //
 // Tolerances, rel_l2 = |out - ref| / |ref| over the whole output:
@@ -63,6 +64,7 @@ static void fill_x(float *x, int M, int K, int kind) {
         if (kind == DATA_OUTLIER) {
             x[(size_t)m * K + (5 % K)] = (float)((rng_uniform() < 0.5 ? -1 : 1) * (300 + 200 * rng_uniform()));
             x[(size_t)m * K + K / 2] = (float)((rng_uniform() < 0.5 ? -1 : 1) * (300 + 200 * rng_uniform()));
+            if (m % 2 == 0) x[(size_t)m * K] = (float)((rng_uniform() < 0.5 ? -1 : 1) * (300 + 200 * rng_uniform()));
         }
     }
 }
@@ -429,15 +431,17 @@ int main(void) {
                 c.path = paths[p];
                 run_ln_case(&c);
             }
-    // Numerics: offset rows and outlier channels at GPT-2's width, every path.
+    // Numerics: offset rows and outlier channels at GPT-2's width, every path, at one row (a decode
+    // step's GEMV) and at 33.
     for (int wt = 0; wt < 2; wt++)
         for (int p = 0; p < (wt ? npaths_bf16 : 5); p++)
-            for (int d = DATA_OFFSET; d <= DATA_OUTLIER; d++) {
-                LnCase c = {0};
-                c.M = 33, c.N = small ? 40 : 256, c.K = 768, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_GELU, c.data = d;
-                c.path = paths[p];
-                run_ln_case(&c);
-            }
+            for (int d = DATA_OFFSET; d <= DATA_OUTLIER; d++)
+                for (int M = 1; M <= 33; M += 32) {
+                    LnCase c = {0};
+                    c.M = M, c.N = small ? 40 : 256, c.K = 768, c.wt = (DType)wt, c.yt = c.wt, c.act = ACT_GELU;
+                    c.data = d, c.path = paths[p];
+                    run_ln_case(&c);
+                }
     // QKV into the cache: decode-like (B=2, T=1) and prefill-like (B=2, T=65) steps.
     for (int wt = 0; wt < 2; wt++)
         for (int p = 0; p < 3; p++) {
