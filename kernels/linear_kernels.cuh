@@ -192,12 +192,15 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 //     once instead of one warp walking it batch by batch; the group's partial sums meet in shared
 //     memory.
 //
-// The LayerNorm is kept short after the wait: gamma is staged before it (after a step's weights
-// it is no longer in L2), the rows are staged as gamma (x - c), c = x[0], and each warp then takes
-// the two-pass statistics of whole rows from a second copy, x - c, with shuffles only (no block
-// barrier at one row); the epilogue applies them: rstd (acc - dmean s_n) + b'. Normalising the
-// rows in shared memory first (block-wide sums, three barriers) cost ~1 us a call; this ~0.45
-// (docs/PERF.md, "Session 9").
+// The LayerNorm is kept short after the wait:
+//   - gamma is staged before the wait: after a step's weights it is no longer in L2;
+//   - the rows are staged as gamma (x - c), c = x[0], with a second copy x - c;
+//   - the two-pass statistics of whole rows come from that copy, with shuffles only. At one row
+//     a warp that holds no W rows takes them while the others multiply, else every warp takes
+//     them itself (no block barrier);
+//   - the epilogue applies them: rstd (acc - dmean s_n) + b'.
+// Normalising the rows in shared memory first (block-wide sums, three barriers) cost ~1 us a
+// call; the statistics now ~0.4 (docs/PERF.md, "Session 9").
 //
 // Shared memory: xs[MT][KP] of XT (fp32, or bf16 for a bf16 plain-linear x), KP = K rounded up to
 // one warp chunk (32 lanes x VEC). With fp32 xs and bf16 W (VEC = 8) a lane needs 8 consecutive
@@ -458,11 +461,23 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     pdl_wait();
     stage();
     __syncthreads();
+    // LN at one row: when the block's last warp holds no group (one round, no K split: the qkv and
+    // fc GEMVs), it takes the statistics while the others multiply, and hands them over at the
+    // named barrier 1 before their epilogue; else every warp takes them itself (no barrier).
+    const bool has_stats_warp = LN && MT == 1 && ksplit == 1 && ngroups <= g_step &&
+                            blockIdx.x + gridDim.x * (GEMV_WARPS - 1) >= ngroups;
     float dmean = 0.0f, rstd = 1.0f;  // LN: the statistics of row store_m
     if constexpr (LN) {
-        if constexpr (MT == 1) {  // every warp takes the one row's statistics itself: no barrier
-            const float2 r = warp_ln_stats(xr, K, lane);
-            dmean = r.x, rstd = r.y;
+        if constexpr (MT == 1) {
+            if (!has_stats_warp || warp == GEMV_WARPS - 1) {
+                const float2 r = warp_ln_stats(xr, K, lane);
+                dmean = r.x, rstd = r.y;
+            }
+            if (has_stats_warp && warp == GEMV_WARPS - 1) {
+                if (lane == 0) stats[0] = dmean, stats[1] = rstd;
+                asm volatile("bar.arrive 1, %0;" ::"n"(GEMV_THREADS) : "memory");
+                return;
+            }
         } else {  // warp w takes rows w, w + WARPS, ...
             for (int m = warp; m < MT; m += GEMV_WARPS) {
                 const float2 r = warp_ln_stats(xr + (size_t)m * KP, K, lane);
@@ -509,6 +524,10 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                 for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
                 mine = (m * NPW + j == lane) ? v : mine;
             }
+        if (has_stats_warp) {  // the statistics from the last warp (every other warp passes here once)
+            asm volatile("bar.sync 1, %0;" ::"n"(GEMV_THREADS) : "memory");
+            dmean = stats[0], rstd = stats[1];
+        }
         if (ksplit > 1) {  // the group's first warp adds the other slices' sums, in slice order
             split_sums[warp * 32 + lane] = mine;
             __syncthreads();
