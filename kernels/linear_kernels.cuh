@@ -465,7 +465,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     // fc GEMVs), it takes the statistics while the others multiply, and hands them over at the
     // named barrier 1 before their epilogue; else every warp takes them itself (no barrier).
     const bool has_stats_warp = LN && MT == 1 && ksplit == 1 && ngroups <= g_step &&
-                            blockIdx.x + gridDim.x * (GEMV_WARPS - 1) >= ngroups;
+                                blockIdx.x + gridDim.x * (GEMV_WARPS - 1) >= ngroups;
     float dmean = 0.0f, rstd = 1.0f;  // LN: the statistics of row store_m
     if constexpr (LN) {
         if constexpr (MT == 1) {
