@@ -12,7 +12,7 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
     if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
     if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
-    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_CLUSTER) return cudaErrorInvalidValue;
+    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_SKINNY) return cudaErrorInvalidValue;
     if (M == 0) return cudaSuccess;
     lin::Epilogue e = {};
     e.gelu = act == ACT_GELU;
@@ -52,9 +52,10 @@ extern "C" int fused_ln_linear(const float *x, const float *ln_gamma, const void
                               LINEAR_PATH_AUTO, stream);
 }
 
-extern "C" int fused_linear_rows(DType wtype, int layernorm) {
+extern "C" int fused_linear_rows(DType wtype, LinearOp op) {
     lin::DeviceInfo d;
     if (lin::device_info(&d)) return 0;
     if (wtype != DTYPE_BF16) return 16;
-    return layernorm && d.cc >= 90 ? lin::CL_LN_MAX_ROWS : 4;
+    if (d.cc < 90 || op == LINEAR_OP_LOGITS) return 4;
+    return op == LINEAR_OP_LN ? lin::CL_LN_MAX_ROWS : lin::SK_ENGINE_MAX_ROWS;
 }

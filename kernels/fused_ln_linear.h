@@ -61,6 +61,8 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //   TILED_XS  32 x 32 tiles, TILED_S 64 x 64, TILED_L 128 x 128
 //   CLUSTER   bf16 only, sm_90 and later (else cudaErrorNotSupported): cluster GEMV, rows in slices
 //             of up to 64 (LN: K <= 2048)
+//   SKINNY    bf16 plain linear only (linear_residual.h; with a LayerNorm cudaErrorInvalidValue): W
+//             in shared memory before the PDL wait, row tiles of up to 64
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,
@@ -68,15 +70,21 @@ typedef enum {
     LINEAR_PATH_TILED_S = 3,
     LINEAR_PATH_TILED_L = 4,
     LINEAR_PATH_GEMV_TC = 5,
-    LINEAR_PATH_CLUSTER = 6
+    LINEAR_PATH_CLUSTER = 6,
+    LINEAR_PATH_SKINNY = 7
 } LinearPath;
 
+// The engine's three kinds of linear op, for fused_linear_rows: a plain linear (the projections,
+// linear_residual), LayerNorm folded in (qkv, fc) and the logits (LayerNorm folded in, N = the
+// vocabulary).
+typedef enum { LINEAR_OP_PLAIN = 0, LINEAR_OP_LN = 1, LINEAR_OP_LOGITS = 2 } LinearOp;
+
 // The most rows for which AUTO's kernels beat the unfused route (LayerNorm kernel, cuBLASLt with
-// its epilogues) on the current device, with the LayerNorm (fused_ln_linear) or without
-// (linear_residual), for the engine's routing (measured: docs/PERF.md, "Session 4"): bf16 with
-// LayerNorm 32 where the cluster GEMV runs (sm_90 and later), else 4; fp32 16. 0 when the device
-// cannot be queried.
-int fused_linear_rows(DType wtype, int layernorm);
+// its epilogues) on the current device, for the engine's routing (measured: docs/PERF.md,
+// "Session 4" and "Session 10"): bf16 on sm_90 and later 32 (with LayerNorm the cluster GEMV,
+// without it the skinny kernel), the logits 4 (the GEMV); bf16 before sm_90 4; fp32 16. 0 when
+// the device cannot be queried.
+int fused_linear_rows(DType wtype, LinearOp op);
 
 // QKV output mode (N = 3C, C = num_heads * head_size): column n < C is q, written to q [M, C]
 // (row m, ytype); columns C..2C-1 are k and 2C..3C-1 are v, written straight into this layer's

@@ -7,7 +7,7 @@
 // where v = acc + b[n] (plain linear), or v = rstd (acc - dmean s[n]) + b'[n] (LayerNorm folded,
 // docs/DESIGN.md; dmean and acc taken around a per-row shift, see "Numerics" in fused_ln_linear.h).
 //
-// Five kernels, picked by the launchers by M and dtype (auto_path, at the end):
+// Six kernels, picked by the launchers by M and dtype (auto_path, at the end):
 //   gemv_kernel     M <= 16 (decode). Each block stages its rows of x in shared memory once
 //                   (with LN shifted and scaled by gamma there; each warp takes exact two-pass
 //                   statistics of whole rows with shuffles, and the epilogue applies the folded
@@ -15,16 +15,20 @@
 //                   time, every SM busy; lanes split K, a butterfly sums them.
 //   gemv_tc_kernel  bf16, 8 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
 //                   with W straight from global memory into B fragments.
-//   cluster_kernel  bf16, 4 < M <= 32 with LN (64 without) on sm_90: the GEMV layout with the rows
-//                   of x staged once per thread-block cluster through distributed shared memory
-//                   (or K split over the cluster), W in registers feeding mma.sync.
+//   cluster_kernel  bf16, 4 < M <= 32 with LN on sm_90: the GEMV layout with the rows of x staged
+//                   once per thread-block cluster through distributed shared memory, W in
+//                   registers feeding mma.sync (without LN, rows broadcast or K split over the
+//                   cluster: only when asked for since the skinny kernel beat it, docs/PERF.md).
+//   skinny_kernel   bf16, 4 < M <= 64 without LN on sm_90: a BM x 64-128 output tile a block,
+//                   its W slice in shared memory before the PDL wait, K split over a cluster.
 //   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
 //                   shared memory before the MMAs.
 //   simt_kernel     fp32, larger M: register-tiled FFMA (no TF32: the fp32 path must match fp32
 //                   references to 1e-5), same LN handling as tc_kernel.
-// Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear" and "Session 4".
+// Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear", "Session 4"
+// and "Session 10".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -1213,6 +1217,176 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 }
 
 // ----------------------------------------------------------------------------
+// Skinny GEMM (bf16, no LayerNorm: few rows, many columns; batched decode past the GEMVs).
+//
+// At 17-64 rows a decode step's products still read more weight than x (0.6-4.7 MB of W against
+// 50-400 KB of bf16 rows), and every step runs them back to back, so what costs is the same as at
+// one row: the boundary between kernels and the first DRAM latency. cuBLASLt's kernels cannot be
+// launched programmatically dependent (kernels/pdl.cuh), so each of its GEMMs waits for the
+// previous kernel to drain before its first weight load: ~2 us a boundary at batch 64, half the
+// step (docs/PERF.md, "Session 5"). Here:
+//   - a block owns a BM x BN output tile (BM = 32 or 64 rows, BN = 64 or 128 columns) over a slice
+//     of K: all of it, or 1/CS of it when the CS blocks of a thread-block cluster split K;
+//   - its W slice [BN][KB] goes into shared memory by cp.async *before* pdl_wait(): the weights
+//     stream in while the previous kernel finishes. Its rows of x [BM][KB] follow after the wait;
+//   - eight warps, 2 x 4 over the tile, multiply the whole slice (mma.sync m16n8k16);
+//   - with a split, each block leaves its partial tile in shared memory and, after one cluster
+//     barrier, block r sums rows r BM/CS .. (r + 1) BM/CS - 1 of all CS partials through
+//     distributed shared memory and applies the epilogue to them (bias, GELU, residual add, bf16
+//     or fp32 out).
+// Every block reads all of its rows' K slice, so x is read N / BN times over: wide tiles, with K
+// split to give the SMs enough blocks, keep that to a few MB (a first version with 16-32 columns a
+// block read x 24-96 times and lost to cuBLASLt at 64 rows: docs/PERF.md, "Session 10").
+// Rows past BM run as more row tiles (grid.y), re-reading W from L2: fine for a few, not a GEMM.
+
+constexpr int SK_THREADS = 256;
+constexpr int SK_MAX_CLUSTER = 8;  // the portable cluster size
+// The most rows for which the skinny kernel beats cuBLASLt's bias + residual epilogue in a decode
+// step (GPT-2 124M's projections, H200: 5-32 rows; at 48 and 64 it loses, docs/PERF.md, "Session 10").
+constexpr int SK_ENGINE_MAX_ROWS = 32;
+
+// Row stride of the staged operands: KB + 8 bf16, an odd multiple of 16 bytes (KB is a multiple
+// of 16), so the eight row addresses of an ldmatrix hit distinct banks.
+__host__ __device__ constexpr int sk_ld(int kb) { return kb + 8; }
+// The partial tile's row stride in floats: BN + 8 puts the eight rows of a warp's accumulator
+// store 8 banks apart (conflict-free float2 stores per half warp).
+__host__ __device__ constexpr int sk_part_ld(int bn) { return bn + 8; }
+
+// Shared memory: As [BM][LD] and Ws [BN][LD] bf16; with a K split the partial tile [BM][BN + 8]
+// fp32 over them once the products are done.
+__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb, int cs) {
+    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2, partial = cs > 1 ? bm * sk_part_ld(bn) * 4 : 0;
+    return operands > partial ? operands : partial;
+}
+
+// Rows [r0, r0 + ROWS) x k [k0, k0 + kb) of a bf16 matrix (row stride ld, `rows` rows, K columns)
+// into dst (row stride dld) by the whole block: 16-byte cp.async chunks, zeros outside; plain
+// loads and stores when `vec` is false (K or ld not a multiple of 8, or an unaligned base).
+template <int ROWS>
+__device__ __forceinline__ void sk_load(bf16 *dst, int dld, const bf16 *__restrict__ src, long long ld, int rows,
+                                        int K, int r0, int k0, int kb, bool vec, int tid) {
+    const int cpr = kb / 8;  // 8-element chunks a row
+    for (int q = tid; q < ROWS * cpr; q += SK_THREADS) {
+        const int r = q / cpr, kc = 8 * (q % cpr);
+        const int gr = r0 + r, gk = k0 + kc;
+        bf16 *d = dst + r * dld + kc;
+        if (vec) {
+            const bool ok = gr < rows && gk < K;
+            cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok ? 16 : 0);
+        } else {
+            for (int e = 0; e < 8; e++)
+                d[e] = (gr < rows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : __float2bfloat16_rn(0.0f);
+        }
+    }
+}
+
+// MI m16 tiles and NI n8 tiles a warp: BM = 32 MI, BN = 32 NI.
+template <int MI, int NI, bool SPLIT>
+__global__ void __launch_bounds__(SK_THREADS)
+skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict__ W, int M, int N, int K, int SB,
+              Epilogue e) {
+    constexpr int BM = 32 * MI, BN = 32 * NI, PLD = sk_part_ld(BN);
+    static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
+    pdl_launch_dependents();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    const int CS = SPLIT ? (int)cg::this_cluster().num_blocks() : 1;
+    const int rank = SPLIT ? (int)cg::this_cluster().block_rank() : 0;
+#else
+    constexpr int CS = 1, rank = 0;  // clusters exist from sm_90; the launcher splits only there
+#endif
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int KB = 16 * SB, LD = sk_ld(KB);
+    bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
+    bf16 *Ws = As + BM * LD;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int wm = warp / 4, wn = warp % 4;  // the warp's 16 MI x 8 NI sub-tile
+    const int n0 = (blockIdx.x / CS) * BN, m0 = blockIdx.y * BM, kb0 = rank * KB;
+    const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
+    const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+
+    // The weights first: nothing earlier in the step writes them.
+    sk_load<BN>(Ws, LD, W, K, N, K, n0, kb0, KB, wvec, tid);
+    cp_async_commit();
+    pdl_wait();
+    sk_load<BM>(As, LD, x, ldx, M, K, m0, kb0, KB, xvec, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    const bf16 *as = As + wm * 16 * MI * LD, *ws = Ws + wn * 8 * NI * LD;
+#pragma unroll 2
+    for (int kk = 0; kk < KB; kk += 16) {
+        uint32_t af[MI][4], bfr[NI][2];
+#pragma unroll
+        for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + (i * 16 + (lane % 16)) * LD + kk + (lane / 16) * 8);
+#pragma unroll
+        for (int j = 0; j < NI; j += 2) {
+            uint32_t r[4];
+            ldmatrix_x4(r, ws + (j * 8 + (lane % 8) + (lane / 16) * 8) * LD + kk + ((lane / 8) % 2) * 8);
+            bfr[j][0] = r[0];
+            bfr[j][1] = r[1];
+            bfr[j + 1][0] = r[2];
+            bfr[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int j = 0; j < NI; j++) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+    }
+
+    const int gid = lane / 4, tig = lane % 4;
+    if constexpr (!SPLIT) {
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    const int m = m0 + wm * 16 * MI + i * 16 + gid + 8 * h, n = n0 + wn * 8 * NI + j * 8 + 2 * tig;
+                    if (m < M && n < N) epi_store2(e, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (SPLIT) {
+        cg::cluster_group cluster = cg::this_cluster();
+        float *part = reinterpret_cast<float *>(smem_raw);
+        __syncthreads();  // every warp is done with the operands: the partial tile goes over them
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int j = 0; j < NI; j++)
+                    *reinterpret_cast<float2 *>(part + (wm * 16 * MI + i * 16 + gid + 8 * h) * PLD + wn * 8 * NI +
+                                                j * 8 + 2 * tig) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        cluster.sync();  // every block's partial tile is complete
+        const int rows = BM / CS, r0 = rank * rows;  // CS divides BM (a power of two up to 8)
+        for (int idx = tid; idx < rows * BN / 2; idx += SK_THREADS) {
+            const int r = r0 + idx / (BN / 2), c = 2 * (idx % (BN / 2));
+            float2 sum = make_float2(0.0f, 0.0f);
+            for (int q = 0; q < CS; q++) {
+                const float2 v = *reinterpret_cast<const float2 *>(cluster.map_shared_rank(part, q) + r * PLD + c);
+                sum.x += v.x;
+                sum.y += v.y;
+            }
+            const int m = m0 + r, n = n0 + c;
+            if (m < M && n < N) epi_store2(e, m, n, sum.x, sum.y);
+        }
+        cluster.sync();  // no block leaves while another may still read its partial
+    }
+#endif
+}
+
+// ----------------------------------------------------------------------------
 // fp32 SIMT kernel: BM x BN tile, TM x TN per thread, BK = 32, 3 stages of raw tiles by cp.async;
 // each K step transposes its tiles into k-major operands (LayerNorm applied to x on the way), so
 // each thread reads its TM and TN values as float4s.
@@ -1402,16 +1576,19 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 
 namespace lin {
 
-enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4, PATH_GEMV_TC = 5, PATH_CLUSTER = 6 };
+enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4, PATH_GEMV_TC = 5, PATH_CLUSTER = 6,
+       PATH_SKINNY = 7 };
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
-// bf16 from 5 rows the cluster GEMV where the device has clusters (to CL_LN_MAX_ROWS with LayerNorm,
-// to 64 without: past those LN + cuBLASLt or cuBLASLt wins, and the engine goes there); else the FMA
-// GEMV up to 16 rows (bf16 with LayerNorm: up to 8, then the tensor-core GEMV up to 16), 32 x 32
-// tiles up to 128 rows, then 128 x 128 tiles (fp32: 64 x 64 until 128 x 128 tiles would cover the
-// SMs).
-inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, bool cluster_ok, const DeviceInfo &d) {
-    if (w_bf16 && cluster_ok && M > 4 && M <= (ln ? CL_LN_MAX_ROWS : 64)) return PATH_CLUSTER;
+// bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
+// CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
+// wins, and the engine goes there); else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
+// 8, then the tensor-core GEMV up to 16), 32 x 32 tiles up to 128 rows, then 128 x 128 tiles
+// (fp32: 64 x 64 until 128 x 128 tiles would cover the SMs).
+inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, bool cluster_ok, bool skinny_ok,
+                     const DeviceInfo &d) {
+    if (w_bf16 && !ln && skinny_ok && d.cc >= 90 && M > 4 && M <= 64) return PATH_SKINNY;
+    if (w_bf16 && ln && cluster_ok && M > 4 && M <= CL_LN_MAX_ROWS) return PATH_CLUSTER;
     if (w_bf16 && ln && M > 8 && M <= 16 && tg_ok) return PATH_GEMV_TC;
     if (M <= 16) return PATH_GEMV;
     if (M <= 128) return PATH_TILED_XS;
@@ -1602,6 +1779,63 @@ inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, c
     return cudaGetLastError();
 }
 
+// How the skinny kernel covers a product: output columns a block (bn), blocks of a cluster that
+// split K (cs), k16 steps a block (sb).
+struct SkinnyPlan {
+    int bn, cs, sb;
+};
+
+// The first of (128 columns, 64) x (no split, split 2, 4, 8) whose operands fit shared memory and
+// that gives at least half the SMs a block; failing that the fitting plan with the most blocks.
+// Wide tiles come first (x is read N / bn times over), then the least split. GPT-2 124M at 64 rows
+// on an H200: qkv 128 columns split 4 (72 blocks), fc 128 split 4 (96), the attention projection
+// 64 split 8 (96), the MLP projection 64 split 8 (96).
+inline bool skinny_plan(int M, int N, int K, const DeviceInfo &d, SkinnyPlan *p) {
+    const int bm = M <= 32 ? 32 : 64, steps = (K + 15) / 16;
+    const long long mtiles = (M + bm - 1) / bm;
+    long long best = 0;
+    for (int bn = 128; bn >= 64; bn /= 2)
+        for (int cs = 1; cs <= (d.cc >= 90 ? SK_MAX_CLUSTER : 1) && cs <= steps; cs *= 2) {
+            const int sb = (steps + cs - 1) / cs;
+            if (skinny_smem_bytes(bm, bn, 16 * sb, cs) > d.smem_optin) continue;
+            const long long blocks = (N + bn - 1) / bn * cs * mtiles;
+            if (blocks > best) *p = {bn, cs, sb}, best = blocks;
+            if (2 * blocks >= d.sms) return true;
+        }
+    return best > 0;
+}
+
+template <int MI, int NI, bool SPLIT>
+inline cudaError_t launch_skinny_k(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
+                                   const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
+    constexpr int BM = 32 * MI, BN = 32 * NI;
+    const int smem = (int)skinny_smem_bytes(BM, BN, 16 * c.sb, c.cs);  // fits: skinny_plan
+    auto kern = skinny_kernel<MI, NI, SPLIT>;
+    static int done[16];
+    cudaError_t err = allow_smem(kern, smem, done);
+    if (err != cudaSuccess) return err;
+    const dim3 grid((N + BN - 1) / BN * c.cs, (M + BM - 1) / BM);
+    if (grid.y > 65535) return cudaErrorInvalidValue;
+    return launch_pdl_cluster(kern, grid, dim3(SK_THREADS), smem, c.cs, stream, x, ldx, W, M, N, K, c.sb, e);
+}
+
+template <int MI>
+inline cudaError_t launch_skinny_m(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
+                                   const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
+    if (c.bn == 128) {
+        if (c.cs > 1) return launch_skinny_k<MI, 4, true>(x, ldx, W, M, N, K, c, e, stream);
+        return launch_skinny_k<MI, 4, false>(x, ldx, W, M, N, K, c, e, stream);
+    }
+    if (c.cs > 1) return launch_skinny_k<MI, 2, true>(x, ldx, W, M, N, K, c, e, stream);
+    return launch_skinny_k<MI, 2, false>(x, ldx, W, M, N, K, c, e, stream);
+}
+
+inline cudaError_t launch_skinny(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
+                                 const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
+    if (M <= 32) return launch_skinny_m<1>(x, ldx, W, M, N, K, c, e, stream);
+    return launch_skinny_m<2>(x, ldx, W, M, N, K, c, e, stream);
+}
+
 template <int BM, int BN, int TM, int TN, bool LN>
 inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma, const float *W, int M, int N, int K,
                                const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
@@ -1625,10 +1859,17 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     if (rc) return (cudaError_t)rc;
     ClusterPlan plan;
     const bool cluster_ok = w_bf16 && cluster_plan(M, N, K, LN, d, &plan);
-    if (path == PATH_AUTO) path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, d);
+    SkinnyPlan splan = {};
+    const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
+    if (path == PATH_AUTO)
+        path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
     if (path == PATH_CLUSTER) {
         if (!cluster_ok) return !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
         return launch_cluster<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
+    }
+    if (path == PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit
+        if (!skinny_ok) return cudaErrorInvalidValue;
+        return launch_skinny((const bf16 *)x, ldx, (const bf16 *)W, M, N, K, splan, e, stream);
     }
     if (path == PATH_GEMV_TC) {
         if (!w_bf16) return cudaErrorInvalidValue;

@@ -4,9 +4,11 @@
 //
 // x and W in the compute dtype (fp32, or bf16 with fp32 accumulation), W [N, K] row-major, b fp32
 // [N] or NULL. Same kernels as fused_ln_linear (kernels/linear_kernels.cuh) without the LayerNorm:
-// M <= 16 a GEMV streaming W with 16-byte loads over all SMs (x staged whole in shared memory,
-// so K up to ~100k bf16 / 50k fp32 per row on an H100; more rows than fit run in slices), larger
-// M bf16 tensor cores (mma.sync, W and x tiles by cp.async) or fp32 FFMA tiles (no TF32).
+// M <= 4 a GEMV streaming W with 16-byte loads over all SMs (x staged whole in shared memory,
+// so K up to ~100k bf16 / 50k fp32 per row on an H100; more rows than fit run in slices; fp32 to
+// 16 rows); bf16 from 5 to 64 rows on sm_90 and later the skinny kernel (W in shared memory before
+// the PDL wait, K split over a cluster), else the GEMV to 16 rows; larger M bf16 tensor cores
+// (mma.sync, W and x tiles by cp.async) or fp32 FFMA tiles (no TF32).
 //
 // Each element of residual is read and written by one thread once; residual must not alias x.
 // Returns cudaSuccess (0) or the error (cudaErrorInvalidValue for a bad argument).

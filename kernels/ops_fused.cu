@@ -45,25 +45,27 @@
     } while (0)
 
 // The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
-// With the LayerNorm (attn_in, mlp_in), bf16 on sm_90 and later: 32, the cluster GEMV; without it
-// (the projections, the logits) and before sm_90: 4 (fused_linear_rows). Decode of GPT-2 124M on an
-// H200, bench --quick (docs/PERF.md, "Session 4"): every linear op through the cluster GEMV against
-// all through cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs
-// 57,852, B=64 95,609 vs 117,261; the projections alone lose to cuBLASLt from 8 rows on (the MLP's
-// 10.9 vs 7.0 us). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to
-// M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
-// GPT2_FUSED_ROWS=N overrides both (0: every step through cuBLASLt), GPT2_FUSED_ROWS=N,P the ops
-// with the LayerNorm (N) and without (P) apart, to measure the crossover (scripts/gpu_check.sh
-// crossover).
-static int fused_rows(const GpuState *s, int layernorm) {
-    static int forced[2] = {-2, -2};  // [layernorm]; -2: not read yet; -1: not set
+// bf16 on sm_90 and later: 32 with the LayerNorm (attn_in, mlp_in: the cluster GEMV) and without
+// it (the projections: the skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
+// Decode of GPT-2 124M on an H200, bench --quick: the cluster GEMV for the LayerNorm ops against
+// LayerNorm + cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs
+// 57,852, B=64 95,609 vs 117,261 (docs/PERF.md, "Session 4"); the skinny kernel for the
+// projections against cuBLASLt's bias + residual epilogue, B=8 +10%, B=16 +10%, B=32 +6%, and
+// slower at 48 and 64 rows ("Session 10"). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and
+// the GEMV stays ahead to M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
+// GPT2_FUSED_ROWS=N overrides all three (0: every step through cuBLASLt), GPT2_FUSED_ROWS=N,P the
+// ops with the LayerNorm (N) and the others (P) apart, to measure the crossover
+// (scripts/gpu_check.sh crossover).
+static int fused_rows(const GpuState *s, LinearOp op) {
+    static int forced[2] = {-2, -2};  // [op == LINEAR_OP_LN]; -2: not read yet; -1: not set
     if (forced[0] == -2) {
         const char *env = getenv("GPT2_FUSED_ROWS");
         forced[0] = forced[1] = env && *env ? atoi(env) : -1;
         const char *comma = env ? strchr(env, ',') : NULL;
         if (comma) forced[0] = atoi(comma + 1);
     }
-    return forced[layernorm] >= 0 ? forced[layernorm] : fused_linear_rows(s->dtype, layernorm);
+    const int f = forced[op == LINEAR_OP_LN];
+    return f >= 0 ? f : fused_linear_rows(s->dtype, op);
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
@@ -71,12 +73,12 @@ static int fused_rows(const GpuState *s, int layernorm) {
 // token a sequence. Elsewhere (fp32 prefill, T = 2..4) qkv_split copies q out and k, v into the cache
 // first. The one place both ops ask.
 static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
-    return st->M > fused_rows(s, 1) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
+    return st->M > fused_rows(s, LINEAR_OP_LN) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, 1)) {
+    if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
                              st->M, 3 * s->C, s->C, NULL, s->stream));
@@ -114,7 +116,7 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, 0)) {
+    if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, s->dtype,
                              ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
         return 0;
@@ -125,7 +127,7 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, 1)) {
+    if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
                              4 * s->C, s->C, s->scratch, s->stream));
@@ -138,7 +140,7 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, 0)) {
+    if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, s->dtype, ly->fcprojb,
                              st->M, s->C, 4 * s->C, NULL, s->stream));
         return 0;
@@ -149,7 +151,7 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    if (rows > fused_rows(s, 0)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
+    if (rows > fused_rows(s, LINEAR_OP_LOGITS)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back

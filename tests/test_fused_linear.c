@@ -151,6 +151,7 @@ static const char *path_name(LinearPath p) {
     case LINEAR_PATH_TILED_L: return "tiled_l";
     case LINEAR_PATH_GEMV_TC: return "gemv_tc";
     case LINEAR_PATH_CLUSTER: return "cluster";
+    case LINEAR_PATH_SKINNY: return "skinny";
     default: return "auto";
     }
 }
@@ -385,8 +386,13 @@ static void test_bad_args(void) {
     int e2 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, NULL, DTYPE_F32, 1, 10, 8, ACT_NONE, &bad, 0);
     int e3 = linear_residual(d, d, (DType)7, d, d, 1, 8, 8, 0);
     int e4 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 0, 8, 8, ACT_NONE, NULL, 0);  // M=0: nothing
-    CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0,
-          "fused linear bad arguments", "got %d %d %d %d", e1, e2, e3, e4);
+    // The skinny kernel is a bf16 plain linear: not with a LayerNorm, not in fp32.
+    int e5 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL,
+                                LINEAR_PATH_SKINNY, 0);
+    int e6 = linear_residual_ex(d, d, DTYPE_F32, d, d, 2, 8, 8, LINEAR_PATH_SKINNY, 0);
+    CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0 &&
+              e5 == cudaErrorInvalidValue && e6 == cudaErrorInvalidValue,
+          "fused linear bad arguments", "got %d %d %d %d %d %d", e1, e2, e3, e4, e5, e6);
     cudaFree(d);
 }
 
@@ -487,6 +493,13 @@ int main(void) {
         for (int si = small ? 2 : 0; si < 5; si++)
             run_res_case(cshapes[si][0], cshapes[si][1], cshapes[si][2], DTYPE_BF16, LINEAR_PATH_CLUSTER, si == 1);
     }
+    // The skinny kernel (bf16 plain linear, W in shared memory before the PDL wait): GPT-2 124M's
+    // projections at 64 rows (K split over a cluster of 8 where the device has clusters), rows that
+    // half fill a row tile, K not a multiple of 8 (plain loads), more than 64 rows (row tiles), a
+    // few rows of long ones, and long rows of a one-tile N (a split of eight, the last slice short).
+    const int sshapes[][3] = {{64, 768, 768}, {64, 768, 3072}, {33, 300, 97}, {130, 77, 100}, {5, 13, 1000}, {64, 9, 5000}};
+    for (int si = small ? 2 : 0; si < 6; si++)
+        run_res_case(sshapes[si][0], sshapes[si][1], sshapes[si][2], DTYPE_BF16, LINEAR_PATH_SKINNY, si == 1);
     test_bad_args();
     return test_exit_code();
 }
