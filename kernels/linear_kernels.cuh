@@ -1265,9 +1265,12 @@ __host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb
 template <int ROWS>
 __device__ __forceinline__ void sk_load(bf16 *dst, int dld, const bf16 *__restrict__ src, long long ld, int rows,
                                         int K, int r0, int k0, int kb, bool vec, int tid) {
-    const int cpr = kb / 8;  // 8-element chunks a row
-    for (int q = tid; q < ROWS * cpr; q += SK_THREADS) {
-        const int r = q / cpr, kc = 8 * (q % cpr);
+    // Chunk q = r * cpr + kc / 8 for q = tid, tid + THREADS, ...: one division for the first, then
+    // a carry (a division a chunk, ~20 integer instructions, in a kernel ncu found issue-bound).
+    const int cpr = kb / 8, dr = SK_THREADS / cpr, dkc = 8 * (SK_THREADS % cpr);
+    int r = tid / cpr, kc = 8 * (tid % cpr);
+    for (int q = tid; q < ROWS * cpr; q += SK_THREADS, r += dr, kc += dkc) {
+        if (kc >= kb) kc -= kb, r++;
         const int gr = r0 + r, gk = k0 + kc;
         bf16 *d = dst + r * dld + kc;
         if (vec) {
