@@ -1579,8 +1579,16 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 
 namespace lin {
 
-enum { PATH_AUTO = 0, PATH_GEMV = 1, PATH_TILED_XS = 2, PATH_TILED_S = 3, PATH_TILED_L = 4, PATH_GEMV_TC = 5, PATH_CLUSTER = 6,
-       PATH_SKINNY = 7 };
+enum {
+    PATH_AUTO = 0,
+    PATH_GEMV = 1,
+    PATH_TILED_XS = 2,
+    PATH_TILED_S = 3,
+    PATH_TILED_L = 4,
+    PATH_GEMV_TC = 5,
+    PATH_CLUSTER = 6,
+    PATH_SKINNY = 7
+};
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
 // bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to

@@ -151,7 +151,7 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    if (rows > fused_rows(s, LINEAR_OP_LOGITS)) {  // the LayerNorm kernel gathers the rows (all, or each sequence's last)
+    if (rows > fused_rows(s, LINEAR_OP_LOGITS)) {  // the LayerNorm kernel gathers the rows (all, or each last)
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back
