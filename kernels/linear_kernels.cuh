@@ -36,6 +36,7 @@
 #include <cooperative_groups.h>
 #include <stdint.h>
 
+#include "fused_ln_linear.h"  // LinearPath
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -1579,17 +1580,6 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 
 namespace lin {
 
-enum {
-    PATH_AUTO = 0,
-    PATH_GEMV = 1,
-    PATH_TILED_XS = 2,
-    PATH_TILED_S = 3,
-    PATH_TILED_L = 4,
-    PATH_GEMV_TC = 5,
-    PATH_CLUSTER = 6,
-    PATH_SKINNY = 7
-};
-
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
 // bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
 // CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
@@ -1598,14 +1588,14 @@ enum {
 // (fp32: 64 x 64 until 128 x 128 tiles would cover the SMs).
 inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, bool cluster_ok, bool skinny_ok,
                      const DeviceInfo &d) {
-    if (w_bf16 && !ln && skinny_ok && d.cc >= 90 && M > 4 && M <= 64) return PATH_SKINNY;
-    if (w_bf16 && ln && cluster_ok && M > 4 && M <= CL_LN_MAX_ROWS) return PATH_CLUSTER;
-    if (w_bf16 && ln && M > 8 && M <= 16 && tg_ok) return PATH_GEMV_TC;
-    if (M <= 16) return PATH_GEMV;
-    if (M <= 128) return PATH_TILED_XS;
-    if (w_bf16) return PATH_TILED_L;
+    if (w_bf16 && !ln && skinny_ok && d.cc >= 90 && M > 4 && M <= 64) return LINEAR_PATH_SKINNY;
+    if (w_bf16 && ln && cluster_ok && M > 4 && M <= CL_LN_MAX_ROWS) return LINEAR_PATH_CLUSTER;
+    if (w_bf16 && ln && M > 8 && M <= 16 && tg_ok) return LINEAR_PATH_GEMV_TC;
+    if (M <= 16) return LINEAR_PATH_GEMV;
+    if (M <= 128) return LINEAR_PATH_TILED_XS;
+    if (w_bf16) return LINEAR_PATH_TILED_L;
     const long long tiles_l = (long long)((M + 127) / 128) * ((N + 127) / 128);
-    return tiles_l >= 128 * d.sms / 132 ? PATH_TILED_L : PATH_TILED_S;
+    return tiles_l >= 128 * d.sms / 132 ? LINEAR_PATH_TILED_L : LINEAR_PATH_TILED_S;
 }
 
 template <typename WT, typename XT, int MT, int NPW, int U, bool LN>
@@ -1872,21 +1862,21 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     const bool cluster_ok = w_bf16 && cluster_plan(M, N, K, LN, d, &plan);
     SkinnyPlan splan = {};
     const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
-    if (path == PATH_AUTO)
+    if (path == LINEAR_PATH_AUTO)
         path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
-    if (path == PATH_CLUSTER) {
+    if (path == LINEAR_PATH_CLUSTER) {
         if (!cluster_ok) return !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
         return launch_cluster<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
     }
-    if (path == PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit
+    if (path == LINEAR_PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit
         if (!skinny_ok) return cudaErrorInvalidValue;
         return launch_skinny((const bf16 *)x, ldx, (const bf16 *)W, M, N, K, splan, e, stream);
     }
-    if (path == PATH_GEMV_TC) {
+    if (path == LINEAR_PATH_GEMV_TC) {
         if (!w_bf16) return cudaErrorInvalidValue;
         return launch_gemv_tc<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
     }
-    if (path == PATH_GEMV) {
+    if (path == LINEAR_PATH_GEMV) {
         if (w_bf16) {
             if constexpr (LN)
                 return launch_gemv<bf16, float, LN>((const float *)x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
@@ -1898,17 +1888,17 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     if (w_bf16) {
         const bf16 *Wb = (const bf16 *)W;
         switch (path) {
-        case PATH_TILED_XS: return launch_tc<32, 32, 2, 2, 64, 6, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
-        case PATH_TILED_S: return launch_tc<64, 64, 2, 2, 64, 3, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
-        case PATH_TILED_L: return launch_tc<128, 128, 2, 4, 32, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
+        case LINEAR_PATH_TILED_XS: return launch_tc<32, 32, 2, 2, 64, 6, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
+        case LINEAR_PATH_TILED_S: return launch_tc<64, 64, 2, 2, 64, 3, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
+        case LINEAR_PATH_TILED_L: return launch_tc<128, 128, 2, 4, 32, 4, LN>(x, ldx, gamma, Wb, M, N, K, e, d, stream);
         default: return cudaErrorInvalidValue;
         }
     }
     const float *xf = (const float *)x, *Wf = (const float *)W;
     switch (path) {
-    case PATH_TILED_XS: return launch_simt<32, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
-    case PATH_TILED_S: return launch_simt<64, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
-    case PATH_TILED_L: return launch_simt<128, 128, 8, 8, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
+    case LINEAR_PATH_TILED_XS: return launch_simt<32, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
+    case LINEAR_PATH_TILED_S: return launch_simt<64, 64, 4, 4, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
+    case LINEAR_PATH_TILED_L: return launch_simt<128, 128, 8, 8, LN>(xf, ldx, gamma, Wf, M, N, K, e, d, stream);
     default: return cudaErrorInvalidValue;
     }
 }
