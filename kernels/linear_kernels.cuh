@@ -1094,6 +1094,31 @@ constexpr int tc_smem_bytes() {
            (LN ? S * BM * BK * 4 + S * BK * 4 + BM * (BK + 8) * 2 + 2 * BM * 4 : S * BM * (BK + 8) * 2);
 }
 
+// One k16 step of a warp's MI x NI accumulator tiles (m16n8k16): the A fragments from rows
+// a_row.. of x at `a`, the B fragments from rows b_row.. of W (the output's columns) at `b`, both
+// bf16 with row stride ld, at column kk; ldmatrix, then MI x NI mma.sync.
+template <int MI, int NI>
+__device__ __forceinline__ void warp_mma_k16(float (&acc)[MI][NI][4], const bf16 *a, int a_row, const bf16 *b,
+                                             int b_row, int ld, int kk, int lane) {
+    static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
+    uint32_t af[MI][4], bfr[NI][2];
+#pragma unroll
+    for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], a + (a_row + i * 16 + (lane % 16)) * ld + kk + (lane / 16) * 8);
+#pragma unroll
+    for (int j = 0; j < NI; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, b + (b_row + j * 8 + (lane % 8) + (lane / 16) * 8) * ld + kk + ((lane / 8) % 2) * 8);
+        bfr[j][0] = r[0];
+        bfr[j][1] = r[1];
+        bfr[j + 1][0] = r[2];
+        bfr[j + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+}
+
 template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int S, bool LN>
 __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32)
 tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
@@ -1101,7 +1126,6 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MI = WTM / 16, NI = WTN / 8;
-    static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
     constexpr int TC_BK = BK, TC_LDS = BK + 8;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1168,24 +1192,7 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
         const bf16 *bs = Bs + (kt % S) * BN * TC_LDS;
 #pragma unroll
         for (int kk = 0; kk < TC_BK; kk += 16) {
-            uint32_t af[MI][4], bfr[NI][2];
-#pragma unroll
-            for (int i = 0; i < MI; i++)
-                ldmatrix_x4(af[i], as + (wm * WTM + i * 16 + (lane % 16)) * TC_LDS + kk + (lane / 16) * 8);
-#pragma unroll
-            for (int j = 0; j < NI; j += 2) {
-                uint32_t r[4];
-                ldmatrix_x4(r, bs + (wn * WTN + j * 8 + (lane % 8) + (lane / 16) * 8) * TC_LDS + kk +
-                                   ((lane / 8) % 2) * 8);
-                bfr[j][0] = r[0];
-                bfr[j][1] = r[1];
-                bfr[j + 1][0] = r[2];
-                bfr[j + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int i = 0; i < MI; i++)
-#pragma unroll
-                for (int j = 0; j < NI; j++) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+            warp_mma_k16<MI, NI>(acc, as, wm * WTM, bs, wn * WTN, TC_LDS, kk, lane);
         }
     }
     cp_async_wait<0>();
@@ -1290,7 +1297,6 @@ __global__ void __launch_bounds__(SK_THREADS)
 skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict__ W, int M, int N, int K, int SB,
               Epilogue e) {
     constexpr int BM = 32 * MI, BN = 32 * NI, PLD = sk_part_ld(BN);
-    static_assert(NI % 2 == 0, "B fragments come in pairs of n8 tiles");
     pdl_launch_dependents();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
@@ -1328,24 +1334,7 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
     const bf16 *as = As + wm * 16 * MI * LD, *ws = Ws + wn * 8 * NI * LD;
 #pragma unroll 2
-    for (int kk = 0; kk < KB; kk += 16) {
-        uint32_t af[MI][4], bfr[NI][2];
-#pragma unroll
-        for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + (i * 16 + (lane % 16)) * LD + kk + (lane / 16) * 8);
-#pragma unroll
-        for (int j = 0; j < NI; j += 2) {
-            uint32_t r[4];
-            ldmatrix_x4(r, ws + (j * 8 + (lane % 8) + (lane / 16) * 8) * LD + kk + ((lane / 8) % 2) * 8);
-            bfr[j][0] = r[0];
-            bfr[j][1] = r[1];
-            bfr[j + 1][0] = r[2];
-            bfr[j + 1][1] = r[3];
-        }
-#pragma unroll
-        for (int i = 0; i < MI; i++)
-#pragma unroll
-            for (int j = 0; j < NI; j++) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
-    }
+    for (int kk = 0; kk < KB; kk += 16) warp_mma_k16<MI, NI>(acc, as, 0, ws, 0, LD, kk, lane);
 
     const int gid = lane / 4, tig = lane % 4;
     if constexpr (!SPLIT) {
