@@ -54,17 +54,18 @@
 // slower at 48 and 64 rows ("Session 10"). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and
 // the GEMV stays ahead to M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
 // GPT2_FUSED_ROWS=N overrides all three (0: every step through cuBLASLt), GPT2_FUSED_ROWS=N,P the
-// ops with the LayerNorm (N) and the others (P) apart, to measure the crossover
-// (scripts/gpu_check.sh crossover).
+// ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L the logits (L) apart
+// from the plain ops too, to measure the crossover (scripts/gpu_check.sh crossover).
 static int fused_rows(const GpuState *s, LinearOp op) {
-    static int forced[2] = {-2, -2};  // [op == LINEAR_OP_LN]; -2: not read yet; -1: not set
+    static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
     if (forced[0] == -2) {
         const char *env = getenv("GPT2_FUSED_ROWS");
-        forced[0] = forced[1] = env && *env ? atoi(env) : -1;
+        forced[LINEAR_OP_LN] = forced[LINEAR_OP_PLAIN] = forced[LINEAR_OP_LOGITS] = env && *env ? atoi(env) : -1;
         const char *comma = env ? strchr(env, ',') : NULL;
-        if (comma) forced[0] = atoi(comma + 1);
+        if (comma) forced[LINEAR_OP_PLAIN] = forced[LINEAR_OP_LOGITS] = atoi(comma + 1);
+        if (comma && (comma = strchr(comma + 1, ','))) forced[LINEAR_OP_LOGITS] = atoi(comma + 1);
     }
-    const int f = forced[op == LINEAR_OP_LN];
+    const int f = forced[op];
     return f >= 0 ? f : fused_linear_rows(s->dtype, op);
 }
 
