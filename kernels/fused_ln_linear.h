@@ -18,10 +18,6 @@
 //   bf16, 4 < M <= 32 on sm_90 and later: the cluster GEMV. The same exact statistics and
 //             tensor cores, with the rows of x staged once per cluster of 8 blocks (distributed
 //             shared memory) instead of once per block.
-//   bf16, 32 < M <= 64 on sm_90 and later: the skinny GEMM. Each block stages its fp32 slice of
-//             the rows, the slices' exact statistics are combined across the cluster that splits K
-//             (Chan's pairwise form), and the rows are normalised into bf16 operands as the
-//             reference's LayerNorm would round them: the epilogue adds b' only.
 //   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
 //             (no TF32), cp.async rings; the x tile each K step loads also feeds the row
 //             statistics; the formula above is applied in the epilogue.
@@ -65,8 +61,8 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //   TILED_XS  32 x 32 tiles, TILED_S 64 x 64, TILED_L 128 x 128
 //   CLUSTER   bf16 only, sm_90 and later (else cudaErrorNotSupported): cluster GEMV, rows in slices
 //             of up to 64 (LN: K <= 2048)
-//   SKINNY    bf16 only: W in shared memory before the PDL wait, row tiles of up to 64; with the
-//             LayerNorm the rows normalised exactly (statistics across the K split's cluster)
+//   SKINNY    bf16 plain linear only (linear_residual.h; with a LayerNorm cudaErrorInvalidValue): W
+//             in shared memory before the PDL wait, row tiles of up to 64
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,

@@ -19,10 +19,8 @@
 //                   once per thread-block cluster through distributed shared memory, W in
 //                   registers feeding mma.sync (without LN, rows broadcast or K split over the
 //                   cluster: only when asked for since the skinny kernel beat it, docs/PERF.md).
-//   skinny_kernel   bf16, 4 < M <= 64 on sm_90 (with LN from 33): a BM x 64-128 output tile a
-//                   block, its W slice in shared memory before the PDL wait, K split over a
-//                   cluster; with LN each row's slice statistics combined across the cluster and
-//                   the rows normalised exactly into bf16 operands.
+//   skinny_kernel   bf16, 4 < M <= 64 without LN on sm_90: a BM x 64-128 output tile a block,
+//                   its W slice in shared memory before the PDL wait, K split over a cluster.
 //   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
@@ -1227,8 +1225,7 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 }
 
 // ----------------------------------------------------------------------------
-// Skinny GEMM (bf16: few rows, many columns; batched decode past the GEMVs), with or without
-// the LayerNorm in front.
+// Skinny GEMM (bf16, no LayerNorm: few rows, many columns; batched decode past the GEMVs).
 //
 // At 17-64 rows a decode step's products still read more weight than x (0.6-4.7 MB of W against
 // 50-400 KB of bf16 rows), and every step runs them back to back, so what costs is the same as at
@@ -1245,12 +1242,6 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 //     barrier, block r sums rows r BM/CS .. (r + 1) BM/CS - 1 of all CS partials through
 //     distributed shared memory and applies the epilogue to them (bias, GELU, residual add, bf16
 //     or fp32 out).
-// With the LayerNorm (LN: x is the fp32 residual stream) the block stages its fp32 slice of the
-// rows and gamma's slice, takes exact two-pass statistics of each row's slice (mean and sum of
-// squared deviations), combines the cluster's slices through distributed shared memory (Chan's
-// pairwise form, in rank order: every block gets the same numbers), and writes the normalised
-// rows gamma (x - mean) rstd as bf16 operands: the reference's LayerNorm, rounded where the
-// reference rounds it, so the epilogue adds b' = W beta + b and nothing else (no s_n term).
 // Every block reads all of its rows' K slice, so x is read N / BN times over: wide tiles, with K
 // split to give the SMs enough blocks, keep that to a few MB (a first version with 16-32 columns a
 // block read x 24-96 times and lost to cuBLASLt at 64 rows: docs/PERF.md, "Session 10").
@@ -1265,61 +1256,46 @@ constexpr int SK_ENGINE_MAX_ROWS = 32;
 // Row stride of the staged operands: KB + 8 bf16, an odd multiple of 16 bytes (KB is a multiple
 // of 16), so the eight row addresses of an ldmatrix hit distinct banks.
 __host__ __device__ constexpr int sk_ld(int kb) { return kb + 8; }
-// The fp32 rows' stride (LN): 16 mod 32 floats, so the two rows a quarter warp reads in the
-// statistics (4 lanes a row, 16 bytes each) fall in distinct banks.
-__host__ __device__ constexpr int sk_xld(int kb) { return kb % 32 ? kb : kb + 16; }
 // The partial tile's row stride in floats: BN + 8 puts the eight rows of a warp's accumulator
 // store 8 banks apart (conflict-free float2 stores per half warp).
 __host__ __device__ constexpr int sk_part_ld(int bn) { return bn + 8; }
 
-// Shared memory: with LN the rows' slice statistics [BM] (float2) first, then As [BM][LD] and
-// Ws [BN][LD] bf16, with LN the fp32 rows Xs [BM][XLD] and gamma's slice [KB]; with a K split the
-// partial tile [BM][BN + 8] fp32 over the operands once the products are done.
-__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb, int cs, bool ln) {
-    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2 + (ln ? ((long long)bm * sk_xld(kb) + kb) * 4 : 0);
-    const long long partial = cs > 1 ? (long long)bm * sk_part_ld(bn) * 4 : 0;
-    return (ln ? bm * 8 : 0) + (operands > partial ? operands : partial);
+// Shared memory: As [BM][LD] and Ws [BN][LD] bf16; with a K split the partial tile [BM][BN + 8]
+// fp32 over them once the products are done.
+__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb, int cs) {
+    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2, partial = cs > 1 ? bm * sk_part_ld(bn) * 4 : 0;
+    return operands > partial ? operands : partial;
 }
 
-// Rows [r0, r0 + ROWS) x k [k0, k0 + kb) of a row-major matrix of T (row stride ld, `rows` rows,
-// K columns) into dst (row stride dld) by the whole block: 16-byte cp.async chunks, zeros outside;
-// plain loads and stores when `vec` is false (K or ld not a multiple of a chunk, or an unaligned
-// base).
-template <typename T, int ROWS>
-__device__ __forceinline__ void sk_load(T *dst, int dld, const T *__restrict__ src, long long ld, int rows, int K,
-                                        int r0, int k0, int kb, bool vec, int tid) {
-    constexpr int E = 16 / sizeof(T);  // elements a chunk
-    // Chunk q = r * cpr + kc / E for q = tid, tid + THREADS, ...: one division for the first, then
+// Rows [r0, r0 + ROWS) x k [k0, k0 + kb) of a bf16 matrix (row stride ld, `rows` rows, K columns)
+// into dst (row stride dld) by the whole block: 16-byte cp.async chunks, zeros outside; plain
+// loads and stores when `vec` is false (K or ld not a multiple of 8, or an unaligned base).
+template <int ROWS>
+__device__ __forceinline__ void sk_load(bf16 *dst, int dld, const bf16 *__restrict__ src, long long ld, int rows,
+                                        int K, int r0, int k0, int kb, bool vec, int tid) {
+    // Chunk q = r * cpr + kc / 8 for q = tid, tid + THREADS, ...: one division for the first, then
     // a carry (a division a chunk, ~20 integer instructions, in a kernel ncu found issue-bound).
-    const int cpr = kb / E, dr = SK_THREADS / cpr, dkc = E * (SK_THREADS % cpr);
-    int r = tid / cpr, kc = E * (tid % cpr);
+    const int cpr = kb / 8, dr = SK_THREADS / cpr, dkc = 8 * (SK_THREADS % cpr);
+    int r = tid / cpr, kc = 8 * (tid % cpr);
     for (int q = tid; q < ROWS * cpr; q += SK_THREADS, r += dr, kc += dkc) {
         if (kc >= kb) kc -= kb, r++;
         const int gr = r0 + r, gk = k0 + kc;
-        T *d = dst + r * dld + kc;
+        bf16 *d = dst + r * dld + kc;
         if (vec) {
             const bool ok = gr < rows && gk < K;
             cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok ? 16 : 0);
         } else {
-            for (int e = 0; e < E; e++) d[e] = (gr < rows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : T(0.0f);
+            for (int e = 0; e < 8; e++)
+                d[e] = (gr < rows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : __float2bfloat16_rn(0.0f);
         }
     }
 }
 
-// Sum over the N lanes of an aligned lane group (N a power of two up to 32).
-template <int N>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-    for (int o = N / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// MI m16 tiles and NI n8 tiles a warp: BM = 32 MI, BN = 32 NI. x is bf16 (plain) or fp32 with
-// gamma (LN).
-template <int MI, int NI, bool SPLIT, bool LN>
+// MI m16 tiles and NI n8 tiles a warp: BM = 32 MI, BN = 32 NI.
+template <int MI, int NI, bool SPLIT>
 __global__ void __launch_bounds__(SK_THREADS)
-skinny_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
-              int M, int N, int K, int SB, Epilogue e) {
+skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict__ W, int M, int N, int K, int SB,
+              Epilogue e) {
     constexpr int BM = 32 * MI, BN = 32 * NI, PLD = sk_part_ld(BN);
     pdl_launch_dependents();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1330,88 +1306,24 @@ skinny_kernel(const void *__restrict__ x_, long long ldx, const float *__restric
     constexpr int CS = 1, rank = 0;  // clusters exist from sm_90; the launcher splits only there
 #endif
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int KB = 16 * SB, LD = sk_ld(KB), XLD = sk_xld(KB);
-    unsigned char *operands = smem_raw + (LN ? BM * 8 : 0);  // LN: the slice statistics before them
-    bf16 *As = reinterpret_cast<bf16 *>(operands);
+    const int KB = 16 * SB, LD = sk_ld(KB);
+    bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
     bf16 *Ws = As + BM * LD;
-    float *Xs = reinterpret_cast<float *>(Ws + BN * LD);  // LN: [BM][XLD]
-    float *Gs = Xs + BM * XLD;                            // LN: [KB]
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int wm = warp / 4, wn = warp % 4;  // the warp's 16 MI x 8 NI sub-tile
     const int n0 = (blockIdx.x / CS) * BN, m0 = blockIdx.y * BM, kb0 = rank * KB;
     const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
-    constexpr int XE = LN ? 4 : 8;  // x's elements a 16-byte chunk
-    const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x_) % 16) == 0;
+    const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
 
-    // The weights (and gamma) first: nothing earlier in the step writes them.
-    sk_load<bf16, BN>(Ws, LD, W, K, N, K, n0, kb0, KB, wvec, tid);
-    if constexpr (LN) {
-        const bool gvec = (K % 4) == 0 && (reinterpret_cast<uintptr_t>(gamma) % 16) == 0;
-        sk_load<float, 1>(Gs, 0, gamma, 0, 1, K, 0, kb0, KB, gvec, tid);
-    }
+    // The weights first: nothing earlier in the step writes them.
+    sk_load<BN>(Ws, LD, W, K, N, K, n0, kb0, KB, wvec, tid);
     cp_async_commit();
     pdl_wait();
-    if constexpr (LN) sk_load<float, BM>(Xs, XLD, (const float *)x_, ldx, M, K, m0, kb0, KB, xvec, tid);
-    else sk_load<bf16, BM>(As, LD, (const bf16 *)x_, ldx, M, K, m0, kb0, KB, xvec, tid);
+    sk_load<BM>(As, LD, x, ldx, M, K, m0, kb0, KB, xvec, tid);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-
-    if constexpr (LN) {
-        // --- the LayerNorm: BM / 8 rows a warp, 32 / (BM / 8) lanes a row, 16 bytes a lane a step ---
-        constexpr int RPW = BM / 8, LPR = 32 / RPW;
-        const int r = warp * RPW + lane / LPR, k0 = 4 * (lane % LPR);
-        const int kn = min(max(K - kb0, 0), KB);  // this slice's columns inside K (the rest are zeros)
-        const float *xr = Xs + r * XLD;
-        float sum = 0.0f;
-        for (int k = k0; k < KB; k += 4 * LPR) {
-            const float4 v = *reinterpret_cast<const float4 *>(xr + k);
-            sum += (v.x + v.y) + (v.z + v.w);
-        }
-        const float slice_mean = kn ? group_sum<LPR>(sum) / kn : 0.0f;
-        float ssd = 0.0f;
-        for (int k = k0; k < kn; k += 4 * LPR) {
-            const float4 v = *reinterpret_cast<const float4 *>(xr + k);
-            const float d[4] = {v.x - slice_mean, v.y - slice_mean, v.z - slice_mean, v.w - slice_mean};
-#pragma unroll
-            for (int j = 0; j < 4; j++) ssd += k + j < kn ? d[j] * d[j] : 0.0f;
-        }
-        ssd = group_sum<LPR>(ssd);
-        float mean = slice_mean;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if constexpr (SPLIT) {  // Chan: mean = sum n_q mean_q / K, ssd = sum ssd_q + n_q (mean_q - mean)^2
-            cg::cluster_group cluster = cg::this_cluster();
-            float2 *slice_stats = reinterpret_cast<float2 *>(smem_raw);  // [BM] (mean, sum of squared deviations)
-            if (k0 == 0) slice_stats[r] = make_float2(slice_mean, ssd);
-            cluster.sync();  // every block's slice statistics are in place
-            float2 st[SK_MAX_CLUSTER];
-            float total = 0.0f;
-#pragma unroll
-            for (int q = 0; q < SK_MAX_CLUSTER; q++)
-                if (q < CS) {
-                    st[q] = cluster.map_shared_rank(slice_stats, q)[r];
-                    total += (float)min(max(K - q * KB, 0), KB) * st[q].x;
-                }
-            mean = total / K;
-            ssd = 0.0f;
-#pragma unroll
-            for (int q = 0; q < SK_MAX_CLUSTER; q++)
-                if (q < CS) {
-                    const float dq = st[q].x - mean;
-                    ssd += st[q].y + (float)min(max(K - q * KB, 0), KB) * dq * dq;
-                }
-        }
-#endif
-        const float rstd = rsqrtf(ssd / K + LN_EPS);
-        bf16 *ar = As + r * LD;
-        for (int k = k0; k < KB; k += 4 * LPR) {  // past K: x and gamma are zeros, so is the operand
-            const float4 v = *reinterpret_cast<const float4 *>(xr + k), g = *reinterpret_cast<const float4 *>(Gs + k);
-            *reinterpret_cast<uint2 *>(ar + k) = make_uint2(pack_bf16x2((v.x - mean) * rstd * g.x, (v.y - mean) * rstd * g.y),
-                                                            pack_bf16x2((v.z - mean) * rstd * g.z, (v.w - mean) * rstd * g.w));
-        }
-        __syncthreads();
-    }
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -1439,7 +1351,7 @@ skinny_kernel(const void *__restrict__ x_, long long ldx, const float *__restric
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (SPLIT) {
         cg::cluster_group cluster = cg::this_cluster();
-        float *part = reinterpret_cast<float *>(operands);
+        float *part = reinterpret_cast<float *>(smem_raw);
         __syncthreads();  // every warp is done with the operands: the partial tile goes over them
 #pragma unroll
         for (int i = 0; i < MI; i++)
@@ -1660,14 +1572,14 @@ namespace lin {
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
 // bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
-// CL_LN_MAX_ROWS, then the skinny kernel with it to 64) and the skinny kernel without (to 64);
-// else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
+// CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
+// wins, and the engine goes there); else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
 // 8, then the tensor-core GEMV up to 16), 32 x 32 tiles up to 128 rows, then 128 x 128 tiles
 // (fp32: 64 x 64 until 128 x 128 tiles would cover the SMs).
 inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, bool cluster_ok, bool skinny_ok,
                      const DeviceInfo &d) {
+    if (w_bf16 && !ln && skinny_ok && d.cc >= 90 && M > 4 && M <= 64) return LINEAR_PATH_SKINNY;
     if (w_bf16 && ln && cluster_ok && M > 4 && M <= CL_LN_MAX_ROWS) return LINEAR_PATH_CLUSTER;
-    if (w_bf16 && skinny_ok && d.cc >= 90 && M > 4 && M <= 64) return LINEAR_PATH_SKINNY;
     if (w_bf16 && ln && M > 8 && M <= 16 && tg_ok) return LINEAR_PATH_GEMV_TC;
     if (M <= 16) return LINEAR_PATH_GEMV;
     if (M <= 128) return LINEAR_PATH_TILED_XS;
@@ -1858,8 +1770,8 @@ inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, c
     return cudaGetLastError();
 }
 
-// How the skinny kernel covers a product: output columns a block (bn), blocks of a cluster that
-// split K (cs), k16 steps a block (sb).
+// How the skinny kernel covers a product: rows a block (bm), output columns a block (bn), blocks of
+// a cluster that split K (cs), k16 steps a block (sb).
 struct SkinnyPlan {
     int bm, bn, cs, sb;
 };
@@ -1868,15 +1780,15 @@ struct SkinnyPlan {
 // that gives at least half the SMs a block; failing that the fitting plan with the most blocks.
 // Wide tiles come first (x is read N / bn times over), then the least split. GPT-2 124M at 64 rows
 // on an H200: qkv 128 columns split 4 (72 blocks), fc 128 split 4 (96), the attention projection
-// 64 split 8 (96), the MLP projection 64 split 8 (96); with LN the same for qkv and fc.
-inline bool skinny_plan(int M, int N, int K, bool ln, const DeviceInfo &d, SkinnyPlan *p) {
+// 64 split 8 (96), the MLP projection 64 split 8 (96).
+inline bool skinny_plan(int M, int N, int K, const DeviceInfo &d, SkinnyPlan *p) {
     const int bm = M <= 32 ? 32 : 64, steps = (K + 15) / 16;
     const long long mtiles = (M + bm - 1) / bm;
     long long best = 0;
     for (int bn = 128; bn >= 64; bn /= 2)
         for (int cs = 1; cs <= (d.cc >= 90 ? SK_MAX_CLUSTER : 1) && cs <= steps; cs *= 2) {
             const int sb = (steps + cs - 1) / cs;
-            if (skinny_smem_bytes(bm, bn, 16 * sb, cs, ln) > d.smem_optin) continue;
+            if (skinny_smem_bytes(bm, bn, 16 * sb, cs) > d.smem_optin) continue;
             const long long blocks = (N + bn - 1) / bn * cs * mtiles;
             if (blocks > best) *p = {bm, bn, cs, sb}, best = blocks;
             if (2 * blocks >= d.sms) return true;
@@ -1884,36 +1796,35 @@ inline bool skinny_plan(int M, int N, int K, bool ln, const DeviceInfo &d, Skinn
     return best > 0;
 }
 
-template <int MI, int NI, bool SPLIT, bool LN>
-inline cudaError_t launch_skinny_k(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
-                                   int K, const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
+template <int MI, int NI, bool SPLIT>
+inline cudaError_t launch_skinny_k(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
+                                   const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
     constexpr int BM = 32 * MI, BN = 32 * NI;
-    const int smem = (int)skinny_smem_bytes(BM, BN, 16 * c.sb, c.cs, LN);  // fits: skinny_plan
-    auto kern = skinny_kernel<MI, NI, SPLIT, LN>;
+    const int smem = (int)skinny_smem_bytes(BM, BN, 16 * c.sb, c.cs);  // fits: skinny_plan
+    auto kern = skinny_kernel<MI, NI, SPLIT>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
     const dim3 grid((N + BN - 1) / BN * c.cs, (M + BM - 1) / BM);
     if (grid.y > 65535) return cudaErrorInvalidValue;
-    return launch_pdl_cluster(kern, grid, dim3(SK_THREADS), smem, c.cs, stream, x, ldx, gamma, W, M, N, K, c.sb, e);
+    return launch_pdl_cluster(kern, grid, dim3(SK_THREADS), smem, c.cs, stream, x, ldx, W, M, N, K, c.sb, e);
 }
 
-template <int MI, bool LN>
-inline cudaError_t launch_skinny_m(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
-                                   int K, const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
+template <int MI>
+inline cudaError_t launch_skinny_m(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
+                                   const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
     if (c.bn == 128) {
-        if (c.cs > 1) return launch_skinny_k<MI, 4, true, LN>(x, ldx, gamma, W, M, N, K, c, e, stream);
-        return launch_skinny_k<MI, 4, false, LN>(x, ldx, gamma, W, M, N, K, c, e, stream);
+        if (c.cs > 1) return launch_skinny_k<MI, 4, true>(x, ldx, W, M, N, K, c, e, stream);
+        return launch_skinny_k<MI, 4, false>(x, ldx, W, M, N, K, c, e, stream);
     }
-    if (c.cs > 1) return launch_skinny_k<MI, 2, true, LN>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    return launch_skinny_k<MI, 2, false, LN>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    if (c.cs > 1) return launch_skinny_k<MI, 2, true>(x, ldx, W, M, N, K, c, e, stream);
+    return launch_skinny_k<MI, 2, false>(x, ldx, W, M, N, K, c, e, stream);
 }
 
-template <bool LN>
-inline cudaError_t launch_skinny(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
+inline cudaError_t launch_skinny(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
                                  const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
-    if (c.bm == 32) return launch_skinny_m<1, LN>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    return launch_skinny_m<2, LN>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    if (c.bm == 32) return launch_skinny_m<1>(x, ldx, W, M, N, K, c, e, stream);
+    return launch_skinny_m<2>(x, ldx, W, M, N, K, c, e, stream);
 }
 
 template <int BM, int BN, int TM, int TN, bool LN>
@@ -1940,16 +1851,16 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     ClusterPlan plan;
     const bool cluster_ok = w_bf16 && cluster_plan(M, N, K, LN, d, &plan);
     SkinnyPlan splan = {};
-    const bool skinny_ok = w_bf16 && skinny_plan(M, N, K, LN, d, &splan);
+    const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
     if (path == LINEAR_PATH_AUTO)
         path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
     if (path == LINEAR_PATH_CLUSTER) {
         if (!cluster_ok) return !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
         return launch_cluster<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
     }
-    if (path == LINEAR_PATH_SKINNY) {  // bf16 W (plain: x bf16 too) whose K slices fit
+    if (path == LINEAR_PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit
         if (!skinny_ok) return cudaErrorInvalidValue;
-        return launch_skinny<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, splan, e, stream);
+        return launch_skinny((const bf16 *)x, ldx, (const bf16 *)W, M, N, K, splan, e, stream);
     }
     if (path == LINEAR_PATH_GEMV_TC) {
         if (!w_bf16) return cudaErrorInvalidValue;

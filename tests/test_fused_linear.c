@@ -161,14 +161,14 @@ static int has_clusters;
 
 // How a path rounds the bf16 operand (kernels/linear_kernels.cuh, auto_path for AUTO):
 //   0 none (FMA GEMV: fp32 x times bf16 W), 1 tiled (gamma * (x - c) rounded), 2 tensor-core and
-//   cluster GEMVs and the skinny kernel (the normalised x rounded).
+//   cluster GEMVs (the normalised x rounded).
 static int path_rounding(LinearPath p, int M, DType wt, int K) {
     if (wt != DTYPE_BF16) return 0;
     if (p == LINEAR_PATH_AUTO) {
-        if (has_clusters && M > 4 && M <= 64 && K <= 2048) return 2;
+        if (has_clusters && M > 4 && M <= 32 && K <= 2048) return 2;
         p = M <= 8 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
     }
-    return p == LINEAR_PATH_GEMV ? 0 : (p == LINEAR_PATH_GEMV_TC || p == LINEAR_PATH_CLUSTER || p == LINEAR_PATH_SKINNY) ? 2 : 1;
+    return p == LINEAR_PATH_GEMV ? 0 : (p == LINEAR_PATH_GEMV_TC || p == LINEAR_PATH_CLUSTER) ? 2 : 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -386,8 +386,8 @@ static void test_bad_args(void) {
     int e2 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, NULL, DTYPE_F32, 1, 10, 8, ACT_NONE, &bad, 0);
     int e3 = linear_residual(d, d, (DType)7, d, d, 1, 8, 8, 0);
     int e4 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 0, 8, 8, ACT_NONE, NULL, 0);  // M=0: nothing
-    // The skinny kernel multiplies bf16 weights only, with or without the LayerNorm.
-    int e5 = fused_ln_linear_ex(d, 8, d, d, DTYPE_F32, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL,
+    // The skinny kernel is a bf16 plain linear: not with a LayerNorm, not in fp32.
+    int e5 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL,
                                 LINEAR_PATH_SKINNY, 0);
     int e6 = linear_residual_ex(d, d, DTYPE_F32, d, d, 2, 8, 8, LINEAR_PATH_SKINNY, 0);
     CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0 &&
@@ -416,11 +416,10 @@ int main(void) {
     has_clusters = cc_major >= 9;
     if (!has_clusters) test_skip("fused linear, cluster path", "the device has no thread-block clusters (before sm_90)");
 
-    // bf16 runs all eight paths (the last three are bf16 only; the cluster GEMV and the skinny kernel
-    // are routed only on sm_90 and tested there), fp32 the first five.
+    // bf16 runs all seven paths (the last two are bf16 only; the cluster GEMV needs sm_90), fp32 the first five.
     const LinearPath paths[] = {LINEAR_PATH_GEMV, LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S, LINEAR_PATH_TILED_L,
-                                LINEAR_PATH_AUTO, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER, LINEAR_PATH_SKINNY};
-    const int npaths_bf16 = has_clusters ? 8 : 6;
+                                LINEAR_PATH_AUTO, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER};
+    const int npaths_bf16 = has_clusters ? 7 : 6;
     // The last three: the decode GEMV at GPT-2's fc (one row, one group per warp), a W of three
     // groups of long rows (K split over all 8 warps of a block, uneven slices), and batch-8 decode.
     const int shapes[][3] = {{1, 300, 96},    {3, 77, 100},   {17, 300, 97},  {130, 300, 96}, {16, 1024, 768},
@@ -491,20 +490,6 @@ int main(void) {
             run_ln_case(&c);
         }
         const int cshapes[][3] = {{64, 768, 768}, {64, 768, 3072}, {37, 100, 3000}, {20, 50, 2501}, {64, 9, 6400}};
-        // The skinny kernel with the LayerNorm, each shape with normal, offset and outlier rows:
-        // GPT-2 124M's qkv at 64 rows (K split over a cluster of 4: the statistics combined across
-        // it) and fc at 48, K not a multiple of 4 (plain loads), a split of eight whose last slices
-        // hold no column of K, and GPT-2 1558M's width.
-        const int kshapes[][4] = {{64, 2304, 768, ACT_NONE}, {48, 3072, 768, ACT_GELU}, {40, 300, 97, ACT_GELU},
-                                  {64, 13, 130, ACT_NONE},   {33, 200, 1600, ACT_NONE}};
-        for (int si = small ? 2 : 0; si < 5; si++)
-            for (int d = DATA_NORMAL; d <= DATA_OUTLIER; d++) {
-                LnCase c = {0};
-                c.M = kshapes[si][0], c.N = kshapes[si][1], c.K = kshapes[si][2], c.act = (Activation)kshapes[si][3];
-                c.wt = DTYPE_BF16, c.yt = si % 2 ? DTYPE_F32 : DTYPE_BF16, c.data = d;
-                c.path = LINEAR_PATH_SKINNY;
-                run_ln_case(&c);
-            }
         for (int si = small ? 2 : 0; si < 5; si++)
             run_res_case(cshapes[si][0], cshapes[si][1], cshapes[si][2], DTYPE_BF16, LINEAR_PATH_CLUSTER, si == 1);
     }
