@@ -59,8 +59,8 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //   GEMV      FMA GEMV, any M (rows in slices of up to 16, W re-read per slice)
 //   GEMV_TC   bf16 only: tensor-core GEMV, rows in slices of up to 64 (LN: K <= 2048)
 //   TILED_XS  32 x 32 tiles, TILED_S 64 x 64, TILED_L 128 x 128
-//   CLUSTER   bf16 only, sm_90 and later (else cudaErrorNotSupported): cluster GEMV, rows in slices
-//             of up to 64 (LN: K <= 2048)
+//   CLUSTER   bf16 with the LayerNorm only (linear_residual.h: cudaErrorInvalidValue), sm_90 and
+//             later (else cudaErrorNotSupported): cluster GEMV, rows in slices of up to 64, K <= 2048
 //   SKINNY    bf16 plain linear only (linear_residual.h; with a LayerNorm cudaErrorInvalidValue): W
 //             in shared memory before the PDL wait, row tiles of up to 64
 typedef enum {

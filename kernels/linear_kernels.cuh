@@ -15,10 +15,9 @@
 //                   time, every SM busy; lanes split K, a butterfly sums them.
 //   gemv_tc_kernel  bf16, 8 < M <= 16 with LN: the same staging (rows as bf16), then mma.sync fed
 //                   with W straight from global memory into B fragments.
-//   cluster_kernel  bf16, 4 < M <= 32 with LN on sm_90: the GEMV layout with the rows of x staged
-//                   once per thread-block cluster through distributed shared memory, W in
-//                   registers feeding mma.sync (without LN, rows broadcast or K split over the
-//                   cluster: only when asked for since the skinny kernel beat it, docs/PERF.md).
+//   cluster_kernel  bf16, 4 < M <= 32 with LN on sm_90: the GEMV layout with the rows of x
+//                   normalised and staged once per thread-block cluster through distributed
+//                   shared memory, W in registers feeding mma.sync.
 //   skinny_kernel   bf16, 4 < M <= 64 without LN on sm_90: a BM x 64-128 output tile a block,
 //                   its W slice in shared memory before the PDL wait, K split over a cluster.
 //   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
@@ -813,26 +812,23 @@ gemv_tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
 }
 
 // ----------------------------------------------------------------------------
-// Cluster GEMV (sm_90 thread-block clusters; bf16, 4 < M <= 64: batched decode).
+// Cluster GEMV (sm_90 thread-block clusters; bf16 with the LayerNorm, 4 < M <= 64: batched decode).
 //
 // Why: at 8-64 rows cuBLASLt covers a 768 x 3072 product with a few dozen tiles, so most SMs stream
 // no weights (5-7 us for ~1 us of bytes), while a GEMV grid over every SM needs all M rows of x in
 // every block: 64 fp32 rows re-read by 132 blocks is 26 MB of L2 traffic, five times the weights.
 // A cluster of CS blocks (up to 8, one GPC) shares that work through distributed shared memory:
-//   broadcast (K fits in shared memory; LayerNorm or plain): the cluster's blocks own different
-//     column groups and all of K; block r loads rows r, r + CS, ... of x, normalises each (exact
-//     two-pass statistics from registers, gamma applied: x_hat = (x - mean) rstd gamma, beta folded
-//     into b'), and writes it as bf16 into every block's shared memory, so a row leaves L2 once per
-//     cluster instead of once per block;
-//   split (plain linear with long rows: the MLP projection, K = 4C): the cluster's blocks own the
-//     same column groups and one K slice each, load their own slice of x, and meet through
-//     distributed shared memory: block r adds the CS partial sums of rows r, r + CS, ... in rank
-//     order (deterministic) and runs the epilogue.
-// In both, each of the 8 warps owns a K range of the block's G column groups (8 columns each) and
-// holds those weights in registers, loaded before pdl_wait() so they stream in while the previous
-// kernel finishes; they feed mma.sync as B fragments with the k permutation of load_a32, against
-// A fragments read from the staged rows. The warps' partial sums are added in warp order through
-// shared memory. Shared memory stays under half an SM's, so the next kernel's block fits beside it.
+// the cluster's blocks own different column groups and all of K; block r loads rows r, r + CS, ...
+// of x, normalises each (exact two-pass statistics from registers, gamma applied:
+// x_hat = (x - mean) rstd gamma, beta folded into b'), and writes it as bf16 into every block's
+// shared memory, so a row leaves L2 once per cluster instead of once per block. Each of the 8
+// warps owns a K range of the block's G column groups (8 columns each) and holds those weights in
+// registers, loaded before pdl_wait() so they stream in while the previous kernel finishes; they
+// feed mma.sync as B fragments with the k permutation of load_a32, against A fragments read from
+// the staged rows. The warps' partial sums are added in warp order through shared memory. Shared
+// memory stays under half an SM's, so the next kernel's block fits beside it.
+// (Plain linears had two more modes here, rows broadcast as bf16 and K split over the cluster;
+// the skinny kernel beat both at every size and they were removed: docs/PERF.md, "Session 10".)
 
 constexpr int CL_THREADS = 256;
 constexpr int CL_WARPS = CL_THREADS / 32;
@@ -841,11 +837,10 @@ constexpr int CL_MAX_CLUSTER = 8; // the portable cluster size
 constexpr int CL_LN_MAX_K = 2048; // LayerNorm rows held in registers: 64 floats a lane
 constexpr int CL_LN_MAX_ROWS = 32; // auto routing's limit with LayerNorm: LN + cuBLASLt wins above (docs/PERF.md)
 
-// Shared memory of one block: the staged rows [MT][AS] bf16 and (LN) gamma [KP] fp32 after them;
-// once the products are done the same space holds the warps' partial sums [WARPS][MT][NT] fp32 and
-// (split) the block's partial [MT][NT] fp32.
-__host__ __device__ constexpr int cl_smem_bytes(int MT, int NT, int AS, int KP, bool ln, bool split) {
-    const int rows = MT * AS * 2 + (ln ? KP * 4 : 0), sums = (CL_WARPS * MT * NT + (split ? MT * NT : 0)) * 4;
+// Shared memory of one block: the staged rows [MT][AS] bf16 and gamma [KP] fp32 after them; once
+// the products are done the same space holds the warps' partial sums [WARPS][MT][NT] fp32.
+__host__ __device__ constexpr int cl_smem_bytes(int MT, int NT, int AS, int KP) {
+    const int rows = MT * AS * 2 + KP * 4, sums = CL_WARPS * MT * NT * 4;
     return rows > sums ? rows : sums;
 }
 
@@ -874,12 +869,11 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
                  : "memory");
 }
 
-template <int MI, int G, bool LN, bool SPLIT>
+template <int MI, int G>
 __global__ void __launch_bounds__(CL_THREADS, 2)
-cluster_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
-               int m0, int M, int N, int K, int KS, int AS, Epilogue e) {
+cluster_kernel(const float *__restrict__ x, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
+               int m0, int M, int N, int K, int AS, Epilogue e) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    static_assert(!(LN && SPLIT), "LayerNorm needs whole rows");
     constexpr int MT = 16 * MI, NT = 8 * G;
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
@@ -888,17 +882,16 @@ cluster_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
     bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int rows = min(MT, M - m0), KP = (K + 31) / 32 * 32;
-    float *gs = reinterpret_cast<float *>(As + MT * AS);  // LN: gamma [KP]
-    // This block's column groups [g0, g0 + G) and K range [k0, k1); this warp's K blocks of 32 in it.
-    const int g0 = (SPLIT ? (int)blockIdx.x / CS : (int)blockIdx.x) * G;
-    const int k0 = SPLIT ? rank * KS : 0, k1 = SPLIT ? min(KP, k0 + KS) : KP;
-    const int nkb = max(0, k1 - k0) / 32, kpw = (nkb + CL_WARPS - 1) / CL_WARPS;
+    float *gs = reinterpret_cast<float *>(As + MT * AS);  // gamma [KP]
+    // This block's column groups [g0, g0 + G); this warp's K blocks of 32.
+    const int g0 = (int)blockIdx.x * G;
+    const int nkb = KP / 32, kpw = (nkb + CL_WARPS - 1) / CL_WARPS;
     const int kb_begin = min(nkb, warp * kpw), kb_end = min(nkb, kb_begin + kpw);
     const bool active = g0 * 8 < N;
     const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
 
     pdl_launch_dependents();
-    if constexpr (!SPLIT) cluster_arrive_relaxed();  // "started": others may write here once all arrive
+    cluster_arrive_relaxed();  // "started": others may write here once all arrive
     uint4 wv[G][CL_U];
     auto load_batch = [&](int kb) {
 #pragma unroll
@@ -906,117 +899,73 @@ cluster_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
 #pragma unroll
             for (int u = 0; u < CL_U; u++)
                 wv[gi][u] = (active && kb + u < kb_end)
-                                ? load_w16<bf16>(W, N, K, (g0 + gi) * 8 + gid, k0 + (kb + u) * 32 + 8 * tig, wvec)
+                                ? load_w16<bf16>(W, N, K, (g0 + gi) * 8 + gid, (kb + u) * 32 + 8 * tig, wvec)
                                 : make_uint4(0, 0, 0, 0);
     };
     load_batch(kb_begin);  // weights (and gamma below) only: allowed before pdl_wait()
-    if constexpr (LN) {
-        for (int k = tid; k < KP; k += CL_THREADS) gs[k] = k < K ? __ldg(gamma + k) : 0.0f;
-        __syncthreads();
-    }
-    // The staged rows' address in every block of the cluster (broadcast).
+    for (int k = tid; k < KP; k += CL_THREADS) gs[k] = k < K ? __ldg(gamma + k) : 0.0f;
+    __syncthreads();
+    // The staged rows' address in every block of the cluster.
     uint32_t dst[CL_MAX_CLUSTER];
 #pragma unroll
-    for (int r = 0; r < CL_MAX_CLUSTER; r++) dst[r] = SPLIT || r >= CS ? 0 : cluster_map(As, r);
+    for (int r = 0; r < CL_MAX_CLUSTER; r++) dst[r] = r >= CS ? 0 : cluster_map(As, r);
     pdl_wait();
 
-    // --- stage x ---
-    if constexpr (LN) {
-        const float *x = reinterpret_cast<const float *>(x_);
-        const bool xvec = (K % 4) == 0 && (ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
-        bool waited = false;
-        for (int m = rank + CS * warp; m < MT; m += CS * CL_WARPS) {  // a warp per row
-            // Lane's elements: 8 at k = 8 lane + 256 i (two float4), the row held in registers.
-            float4 v[8][2];
-            const float *xr = x + (size_t)(m0 + min(m, rows - 1)) * ldx;
+    // --- stage x: a warp a row, normalised, into every block of the cluster ---
+    const bool xvec = (K % 4) == 0 && (ldx % 4) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    bool waited = false;
+    for (int m = rank + CS * warp; m < MT; m += CS * CL_WARPS) {  // a warp per row
+        // Lane's elements: 8 at k = 8 lane + 256 i (two float4), the row held in registers.
+        float4 v[8][2];
+        const float *xr = x + (size_t)(m0 + min(m, rows - 1)) * ldx;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int k = 8 * lane + 256 * i;
-                v[i][0] = v[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (m >= rows || k >= K) continue;
-                if (xvec) {
-                    v[i][0] = __ldg(reinterpret_cast<const float4 *>(xr + k));
-                    if (k + 4 < K) v[i][1] = __ldg(reinterpret_cast<const float4 *>(xr + k + 4));
-                } else {
-#pragma unroll
-                    for (int q = 0; q < 8; q++)
-                        if (k + q < K) f8_ref(v[i], q) = xr[k + q];
-                }
-            }
-            float s1 = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                s1 += ((v[i][0].x + v[i][0].y) + (v[i][0].z + v[i][0].w)) + ((v[i][1].x + v[i][1].y) + (v[i][1].z + v[i][1].w));
-            for (int o = 16; o > 0; o >>= 1) s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-            const float mean = s1 / K;
-            float s2 = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int k = 8 * lane + 256 * i;
-                if (k >= K) break;
+        for (int i = 0; i < 8; i++) {
+            const int k = 8 * lane + 256 * i;
+            v[i][0] = v[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m >= rows || k >= K) continue;
+            if (xvec) {
+                v[i][0] = __ldg(reinterpret_cast<const float4 *>(xr + k));
+                if (k + 4 < K) v[i][1] = __ldg(reinterpret_cast<const float4 *>(xr + k + 4));
+            } else {
 #pragma unroll
                 for (int q = 0; q < 8; q++)
-                    if (k + q < K) s2 = fmaf(f8_ref(v[i], q) - mean, f8_ref(v[i], q) - mean, s2);
-            }
-            for (int o = 16; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-            const float rstd = m < rows ? 1.0f / sqrtf(s2 / K + LN_EPS) : 0.0f;  // rows past M: zeros
-            if (!waited) cluster_wait(), waited = true;  // (warps without a row wait below)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int k = 8 * lane + 256 * i;
-                if (k >= KP) break;  // gamma is zero from K to KP: the padding is written as zeros
-                float o8[8];
-#pragma unroll
-                for (int q = 0; q < 8; q++) o8[q] = (f8_ref(v[i], q) - mean) * rstd * gs[k + q];
-                const uint4 packed = make_uint4(pack_bf16x2(o8[0], o8[1]), pack_bf16x2(o8[2], o8[3]),
-                                                pack_bf16x2(o8[4], o8[5]), pack_bf16x2(o8[6], o8[7]));
-#pragma unroll
-                for (int r = 0; r < CL_MAX_CLUSTER; r++)
-                    if (r < CS) st_cluster(dst[r] + 2 * (m * AS + k), packed);
+                    if (k + q < K) f8_ref(v[i], q) = xr[k + q];
             }
         }
-        if (!waited) cluster_wait();
-    } else if constexpr (!SPLIT) {
-        // bf16 rows rank, rank + CS, ... of all of K, into every block.
-        const bf16 *x = reinterpret_cast<const bf16 *>(x_);
-        const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
-        const int qpr = KP / 8, total = (MT - rank + CS - 1) / CS * qpr;
-        bool waited = false;
-        for (int base = tid; base - lane < total; base += 4 * CL_THREADS) {  // warp-uniform: the wait is .aligned
-            uint4 v[4];
+        float s1 = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int q = base + j * CL_THREADS, m = rank + (q / qpr) * CS, k = 8 * (q % qpr);
-                v[j] = q < total && m < rows ? load_row16(x + (size_t)(m0 + m) * ldx, k, K, xvec) : make_uint4(0, 0, 0, 0);
-            }
-            if (!waited) cluster_wait(), waited = true;
+        for (int i = 0; i < 8; i++)
+            s1 += ((v[i][0].x + v[i][0].y) + (v[i][0].z + v[i][0].w)) + ((v[i][1].x + v[i][1].y) + (v[i][1].z + v[i][1].w));
+        for (int o = 16; o > 0; o >>= 1) s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        const float mean = s1 / K;
+        float s2 = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int q = base + j * CL_THREADS, m = rank + (q / qpr) * CS, k = 8 * (q % qpr);
-                if (q < total)
+        for (int i = 0; i < 8; i++) {
+            const int k = 8 * lane + 256 * i;
+            if (k >= K) break;
 #pragma unroll
-                    for (int r = 0; r < CL_MAX_CLUSTER; r++)
-                        if (r < CS) st_cluster(dst[r] + 2 * (m * AS + k), v[j]);
-            }
+            for (int q = 0; q < 8; q++)
+                if (k + q < K) s2 = fmaf(f8_ref(v[i], q) - mean, f8_ref(v[i], q) - mean, s2);
         }
-        if (!waited) cluster_wait();
-    } else {
-        // All rows of this block's K slice [k0, k1), every load in flight at once.
-        const bf16 *x = reinterpret_cast<const bf16 *>(x_);
-        const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
-        const int qpr = (k1 - k0) / 8, total = MT * qpr;
-        for (int q = tid; q < total; q += CL_THREADS) {
-            const int m = q / qpr, k = k0 + 8 * (q % qpr);
-            bf16 *sp = As + m * AS + (k - k0);
-            const bf16 *p = x + (size_t)(m0 + min(m, rows - 1)) * ldx + k;
-            if (xvec) cp_async16(sp, k < K ? p : x, m < rows && k < K ? 16 : 0);
-            else *reinterpret_cast<uint4 *>(sp) = m < rows ? load_row16(p - k, k, K, false) : make_uint4(0, 0, 0, 0);
+        for (int o = 16; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+        const float rstd = m < rows ? 1.0f / sqrtf(s2 / K + LN_EPS) : 0.0f;  // rows past M: zeros
+        if (!waited) cluster_wait(), waited = true;  // (warps without a row wait below)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int k = 8 * lane + 256 * i;
+            if (k >= KP) break;  // gamma is zero from K to KP: the padding is written as zeros
+            float o8[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) o8[q] = (f8_ref(v[i], q) - mean) * rstd * gs[k + q];
+            const uint4 packed = make_uint4(pack_bf16x2(o8[0], o8[1]), pack_bf16x2(o8[2], o8[3]),
+                                            pack_bf16x2(o8[4], o8[5]), pack_bf16x2(o8[6], o8[7]));
+#pragma unroll
+            for (int r = 0; r < CL_MAX_CLUSTER; r++)
+                if (r < CS) st_cluster(dst[r] + 2 * (m * AS + k), packed);
         }
-        cp_async_commit();
-        cp_async_wait<0>();
     }
-    if constexpr (SPLIT) __syncthreads();
-    else cluster.sync();  // every block's rows have landed in every block
+    if (!waited) cluster_wait();
+    cluster.sync();  // every block's rows have landed in every block
 
     // --- this warp's K range: acc[mi][gi] = rows mi*16.. x columns (g0 + gi)*8.. ---
     float acc[MI][G][4];
@@ -1052,7 +1001,6 @@ cluster_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
                 *reinterpret_cast<float2 *>(red + (warp * MT + mi * 16 + gid + 8 * h) * NT + gi * 8 + 2 * tig) =
                     make_float2(acc[mi][gi][2 * h], acc[mi][gi][2 * h + 1]);
     __syncthreads();
-    float *part = red + CL_WARPS * MT * NT;  // split: this block's partial [MT][NT]
     for (int i = tid; i < MT * NT / 2; i += CL_THREADS) {
         const int row = i / (NT / 2), col = 2 * (i % (NT / 2));
         float2 v = make_float2(0.0f, 0.0f);
@@ -1061,23 +1009,7 @@ cluster_kernel(const void *__restrict__ x_, long long ldx, const float *__restri
             v.x += t.x;
             v.y += t.y;
         }
-        if constexpr (SPLIT) *reinterpret_cast<float2 *>(part + row * NT + col) = v;
-        else if (row < rows && active) epi_store2(e, m0 + row, g0 * 8 + col, v.x, v.y);
-    }
-    if constexpr (SPLIT) {
-        cluster.sync();  // every block's partial is complete
-        for (int i = tid; i < MT * NT / 2; i += CL_THREADS) {
-            const int row = i / (NT / 2), col = 2 * (i % (NT / 2));
-            if (row % CS != rank || row >= rows || !active) continue;
-            float2 v = make_float2(0.0f, 0.0f);
-            for (int r = 0; r < CS; r++) {
-                const float2 t = *reinterpret_cast<const float2 *>(cluster.map_shared_rank(part, r) + row * NT + col);
-                v.x += t.x;
-                v.y += t.y;
-            }
-            epi_store2(e, m0 + row, g0 * 8 + col, v.x, v.y);
-        }
-        cluster.sync();  // no block leaves while another still reads its partial
+        if (row < rows && active) epi_store2(e, m0 + row, g0 * 8 + col, v.x, v.y);
     }
 #endif
 }
@@ -1672,87 +1604,66 @@ inline cudaError_t launch_gemv_tc(const void *x, long long ldx, const float *gam
 }
 
 // How the cluster GEMV covers a product: rows per launch (16 mi), column groups per block (g),
-// blocks per cluster (cs), broadcast or split K (slice ks), the staged rows' stride (as), blocks.
+// blocks per cluster (cs), the staged rows' stride (as), blocks.
 struct ClusterPlan {
-    int mi, g, cs, split, ks, as, blocks;
+    int mi, g, cs, as, blocks;
 };
 
-// false where the kernel cannot run: no clusters (before sm_90), or LayerNorm rows longer than
-// CL_LN_MAX_K, or not even 16 rows of a K slice fit.
-inline bool cluster_plan(int M, int N, int K, bool ln, const DeviceInfo &d, ClusterPlan *p) {
-    if (d.cc < 90 || (ln && K > CL_LN_MAX_K)) return false;
+// false where the kernel cannot run: no clusters (before sm_90), rows longer than CL_LN_MAX_K, or
+// not even 16 rows fit.
+inline bool cluster_plan(int M, int N, int K, const DeviceInfo &d, ClusterPlan *p) {
+    if (d.cc < 90 || K > CL_LN_MAX_K) return false;
     const int budget = d.smem_sm / 2 - 1024;  // half an SM (less its per-block reserve): two blocks fit
-    const int KP = (K + 31) / 32 * 32, nkb = KP / 32, ngroups = (N + 7) / 8;
+    const int KP = (K + 31) / 32 * 32, ngroups = (N + 7) / 8;
     ClusterPlan c = {};
-    for (c.mi = M <= 16 ? 1 : M <= 32 ? 2 : 4;; c.mi /= 2) {  // the most rows whose staging fits
-        const int MT = 16 * c.mi;
-        c.split = 0, c.cs = CL_MAX_CLUSTER, c.ks = KP, c.as = tg_row_stride(KP);
-        if (MT * c.as * 2 + (ln ? KP * 4 : 0) <= budget) break;
-        for (c.split = 1, c.cs = 2; !ln && c.cs <= CL_MAX_CLUSTER; c.cs *= 2) {
-            c.ks = (nkb + c.cs - 1) / c.cs * 32;
-            c.as = tg_row_stride(c.ks);
-            if (MT * c.as * 2 <= budget) break;
-        }
-        if (!ln && c.cs <= CL_MAX_CLUSTER) break;
-        if (c.mi == 1) return false;
-    }
+    c.cs = CL_MAX_CLUSTER, c.as = tg_row_stride(KP);
+    for (c.mi = M <= 16 ? 1 : M <= 32 ? 2 : 4; 16 * c.mi * c.as * 2 + KP * 4 > budget; c.mi /= 2)
+        if (c.mi == 1) return false;  // the most rows whose staging fits
     // The fewest column groups a block (up to 3: registers) that still put every block on its own SM.
     for (c.g = 1;; c.g++) {
         const int sets = (ngroups + c.g - 1) / c.g;
-        if (c.split) c.blocks = sets * c.cs;
-        else {
-            while (c.cs > 1 && c.cs / 2 >= sets) c.cs /= 2;  // a cluster no wider than the work
-            c.blocks = (sets + c.cs - 1) / c.cs * c.cs;
-        }
+        while (c.cs > 1 && c.cs / 2 >= sets) c.cs /= 2;  // a cluster no wider than the work
+        c.blocks = (sets + c.cs - 1) / c.cs * c.cs;
         if (c.blocks <= d.sms || c.g == 3) break;
     }
-    if (cl_smem_bytes(16 * c.mi, 8 * c.g, c.as, KP, ln, c.split) > d.smem_optin) return false;
+    if (cl_smem_bytes(16 * c.mi, 8 * c.g, c.as, KP) > d.smem_optin) return false;
     *p = c;
     return true;
 }
 
-template <int MI, int G, bool LN, bool SPLIT>
-inline cudaError_t launch_cluster_k(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
+template <int MI, int G>
+inline cudaError_t launch_cluster_k(const float *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
                                     int K, const ClusterPlan &c, const Epilogue &e, cudaStream_t stream) {
     constexpr int MT = 16 * MI;
-    const int smem = cl_smem_bytes(MT, 8 * G, c.as, (K + 31) / 32 * 32, LN, SPLIT);
-    auto kern = cluster_kernel<MI, G, LN, SPLIT>;
+    const int smem = cl_smem_bytes(MT, 8 * G, c.as, (K + 31) / 32 * 32);
+    auto kern = cluster_kernel<MI, G>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
     for (int m0 = 0; m0 < M; m0 += MT)
         if ((err = launch_pdl_cluster(kern, dim3(c.blocks), dim3(CL_THREADS), smem, c.cs, stream, x, ldx, gamma, W, m0,
-                                      M, N, K, c.ks, c.as, e)) != cudaSuccess)
+                                      M, N, K, c.as, e)) != cudaSuccess)
             return err;
     return cudaSuccess;
 }
 
-template <int MI, bool LN, bool SPLIT>
-inline cudaError_t launch_cluster_g(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
+template <int MI>
+inline cudaError_t launch_cluster_g(const float *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
                                     int K, const ClusterPlan &c, const Epilogue &e, cudaStream_t stream) {
     switch (c.g) {
-    case 1: return launch_cluster_k<MI, 1, LN, SPLIT>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    case 2: return launch_cluster_k<MI, 2, LN, SPLIT>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    default: return launch_cluster_k<MI, 3, LN, SPLIT>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    case 1: return launch_cluster_k<MI, 1>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    case 2: return launch_cluster_k<MI, 2>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    default: return launch_cluster_k<MI, 3>(x, ldx, gamma, W, M, N, K, c, e, stream);
     }
 }
 
-template <bool LN, bool SPLIT>
-inline cudaError_t launch_cluster_m(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N,
-                                    int K, const ClusterPlan &c, const Epilogue &e, cudaStream_t stream) {
-    switch (c.mi) {
-    case 1: return launch_cluster_g<1, LN, SPLIT>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    case 2: return launch_cluster_g<2, LN, SPLIT>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    default: return launch_cluster_g<4, LN, SPLIT>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    }
-}
-
-template <bool LN>
-inline cudaError_t launch_cluster(const void *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
+inline cudaError_t launch_cluster(const float *x, long long ldx, const float *gamma, const bf16 *W, int M, int N, int K,
                                   const ClusterPlan &c, const Epilogue &e, cudaStream_t stream) {
-    if constexpr (LN) return launch_cluster_m<true, false>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    else if (c.split) return launch_cluster_m<false, true>(x, ldx, gamma, W, M, N, K, c, e, stream);
-    else return launch_cluster_m<false, false>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    switch (c.mi) {
+    case 1: return launch_cluster_g<1>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    case 2: return launch_cluster_g<2>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    default: return launch_cluster_g<4>(x, ldx, gamma, W, M, N, K, c, e, stream);
+    }
 }
 
 template <int BM, int BN, int WM, int WN, int BK, int S, bool LN>
@@ -1849,14 +1760,14 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     int rc = device_info(&d);
     if (rc) return (cudaError_t)rc;
     ClusterPlan plan;
-    const bool cluster_ok = w_bf16 && cluster_plan(M, N, K, LN, d, &plan);
+    const bool cluster_ok = LN && w_bf16 && cluster_plan(M, N, K, d, &plan);
     SkinnyPlan splan = {};
     const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
     if (path == LINEAR_PATH_AUTO)
         path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
-    if (path == LINEAR_PATH_CLUSTER) {
-        if (!cluster_ok) return !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
-        return launch_cluster<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
+    if (path == LINEAR_PATH_CLUSTER) {  // bf16 with the LayerNorm
+        if (!cluster_ok) return !LN || !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
+        return launch_cluster((const float *)x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
     }
     if (path == LINEAR_PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit
         if (!skinny_ok) return cudaErrorInvalidValue;
