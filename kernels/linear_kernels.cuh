@@ -1169,7 +1169,11 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 //     of K: all of it, or 1/CS of it when the CS blocks of a thread-block cluster split K;
 //   - its W slice [BN][KB] goes into shared memory by cp.async *before* pdl_wait(): the weights
 //     stream in while the previous kernel finishes. Its rows of x [BM][KB] follow after the wait;
-//   - eight warps, 2 x 4 over the tile, multiply the whole slice (mma.sync m16n8k16);
+//   - eight warps multiply it (mma.sync m16n8k16), WN over the columns (32 each) times WK = 8 / WN
+//     over the K slice, so a warp's chain of dependent MMAs is KB / (16 WK) steps long; the WK
+//     partial tiles are added in warp order through shared memory (with 2 x 4 warps over the
+//     tile and each one the whole slice, the products were ~1/3 of the kernel at 64 rows:
+//     docs/PERF.md, "Session 11");
 //   - with a split, each block leaves its partial tile in shared memory and, after one cluster
 //     barrier, block r sums rows r BM/CS .. (r + 1) BM/CS - 1 of all CS partials through
 //     distributed shared memory and applies the epilogue to them (bias, GELU, residual add, bf16
@@ -1192,11 +1196,14 @@ __host__ __device__ constexpr int sk_ld(int kb) { return kb + 8; }
 // store 8 banks apart (conflict-free float2 stores per half warp).
 __host__ __device__ constexpr int sk_part_ld(int bn) { return bn + 8; }
 
-// Shared memory: As [BM][LD] and Ws [BN][LD] bf16; with a K split the partial tile [BM][BN + 8]
-// fp32 over them once the products are done.
-__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb, int cs) {
-    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2, partial = cs > 1 ? bm * sk_part_ld(bn) * 4 : 0;
-    return operands > partial ? operands : partial;
+// Warps over the K slice for a tile of bn columns (each warp 32 columns).
+__host__ __device__ constexpr int sk_wk(int bn) { return SK_THREADS / 32 / (bn / 32); }
+
+// Shared memory: As [BM][LD] and Ws [BN][LD] bf16; once the products are done, over them, the
+// warps' partial tiles [WK][BM][BN + 8] fp32 (slot 0: the block's sum, for the cluster's K split).
+__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb) {
+    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2, partials = (long long)sk_wk(bn) * bm * sk_part_ld(bn) * 4;
+    return operands > partials ? operands : partials;
 }
 
 // Rows [r0, r0 + ROWS) x k [k0, k0 + kb) of a bf16 matrix (row stride ld, `rows` rows, K columns)
@@ -1223,12 +1230,13 @@ __device__ __forceinline__ void sk_load(bf16 *dst, int dld, const bf16 *__restri
     }
 }
 
-// MI m16 tiles and NI n8 tiles a warp: BM = 32 MI, BN = 32 NI.
-template <int MI, int NI, bool SPLIT>
+// A warp: all BM = 16 MI rows x 32 columns (4 n8 tiles) over 1/WK of the K slice; WN = BN / 32.
+template <int MI, int WN, bool SPLIT>
 __global__ void __launch_bounds__(SK_THREADS)
 skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict__ W, int M, int N, int K, int SB,
               Epilogue e) {
-    constexpr int BM = 32 * MI, BN = 32 * NI, PLD = sk_part_ld(BN);
+    constexpr int NI = 4, BM = 16 * MI, BN = 32 * WN, WK = sk_wk(BN), PLD = sk_part_ld(BN);
+    static_assert(WN * WK * 32 == SK_THREADS, "the warps tile the columns and the K slice");
     pdl_launch_dependents();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
@@ -1243,7 +1251,7 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
     bf16 *Ws = As + BM * LD;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wm = warp / 4, wn = warp % 4;  // the warp's 16 MI x 8 NI sub-tile
+    const int wn = warp % WN, wk = warp / WN;  // the warp's 32 columns and its share of the K slice
     const int n0 = (blockIdx.x / CS) * BN, m0 = blockIdx.y * BM, kb0 = rank * KB;
     const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
     const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
@@ -1264,37 +1272,58 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
         for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
-    const bf16 *as = As + wm * 16 * MI * LD, *ws = Ws + wn * 8 * NI * LD;
+    const int kk0 = 16 * (wk * SB / WK), kk1 = 16 * ((wk + 1) * SB / WK);
 #pragma unroll 2
-    for (int kk = 0; kk < KB; kk += 16) warp_mma_k16<MI, NI>(acc, as, 0, ws, 0, LD, kk, lane);
+    for (int kk = kk0; kk < kk1; kk += 16) warp_mma_k16<MI, NI>(acc, As, 0, Ws, 32 * wn, LD, kk, lane);
 
+    // --- the WK partial tiles, added in warp order by the warps of the first K share ---
     const int gid = lane / 4, tig = lane % 4;
-    if constexpr (!SPLIT) {
+    float *part = reinterpret_cast<float *>(smem_raw);  // [WK][BM][PLD]; slot 0: the block's sum
+    auto slot = [&](int q, int i, int h, int j) {
+        return reinterpret_cast<float2 *>(part + (q * BM + i * 16 + gid + 8 * h) * PLD + 32 * wn + j * 8 + 2 * tig);
+    };
+    __syncthreads();  // every warp is done with the operands: the partial tiles go over them
+    if (wk > 0)
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) *slot(wk, i, h, j) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    __syncthreads();
+    if (wk == 0) {
+#pragma unroll
+        for (int q = 1; q < WK; q++)
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int j = 0; j < NI; j++) {
+                        const float2 v = *slot(q, i, h, j);
+                        acc[i][j][2 * h] += v.x;
+                        acc[i][j][2 * h + 1] += v.y;
+                    }
 #pragma unroll
         for (int i = 0; i < MI; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int j = 0; j < NI; j++) {
-                    const int m = m0 + wm * 16 * MI + i * 16 + gid + 8 * h, n = n0 + wn * 8 * NI + j * 8 + 2 * tig;
-                    if (m < M && n < N) epi_store2(e, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    if constexpr (SPLIT) {
+                        *slot(0, i, h, j) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    } else {
+                        const int m = m0 + i * 16 + gid + 8 * h, n = n0 + 32 * wn + j * 8 + 2 * tig;
+                        if (m < M && n < N) epi_store2(e, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    }
                 }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (SPLIT) {
+        // --- the cluster's K split: block r sums rows r BM/CS.. of the CS blocks' tiles ---
         cg::cluster_group cluster = cg::this_cluster();
-        float *part = reinterpret_cast<float *>(smem_raw);
-        __syncthreads();  // every warp is done with the operands: the partial tile goes over them
-#pragma unroll
-        for (int i = 0; i < MI; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int j = 0; j < NI; j++)
-                    *reinterpret_cast<float2 *>(part + (wm * 16 * MI + i * 16 + gid + 8 * h) * PLD + wn * 8 * NI +
-                                                j * 8 + 2 * tig) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        cluster.sync();  // every block's partial tile is complete
-        const int rows = BM / CS, r0 = rank * rows;  // CS divides BM (a power of two up to 8)
+        cluster.sync();  // every block's tile is complete
+        const int rows = BM / CS, r0 = rank * rows;  // CS divides BM (powers of two, CS <= 8 <= BM / 2)
         for (int idx = tid; idx < rows * BN / 2; idx += SK_THREADS) {
             const int r = r0 + idx / (BN / 2), c = 2 * (idx % (BN / 2));
             float2 v[SK_MAX_CLUSTER], sum = make_float2(0.0f, 0.0f);
@@ -1307,7 +1336,7 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
             const int m = m0 + r, n = n0 + c;
             if (m < M && n < N) epi_store2(e, m, n, sum.x, sum.y);
         }
-        cluster.sync();  // no block leaves while another may still read its partial
+        cluster.sync();  // no block leaves while another may still read its tile
     }
 #endif
 }
@@ -1693,13 +1722,13 @@ struct SkinnyPlan {
 // on an H200: qkv 128 columns split 4 (72 blocks), fc 128 split 4 (96), the attention projection
 // 64 split 8 (96), the MLP projection 64 split 8 (96).
 inline bool skinny_plan(int M, int N, int K, const DeviceInfo &d, SkinnyPlan *p) {
-    const int bm = M <= 32 ? 32 : 64, steps = (K + 15) / 16;
+    const int bm = M <= 16 ? 16 : M <= 32 ? 32 : 64, steps = (K + 15) / 16;
     const long long mtiles = (M + bm - 1) / bm;
     long long best = 0;
     for (int bn = 128; bn >= 64; bn /= 2)
         for (int cs = 1; cs <= (d.cc >= 90 ? SK_MAX_CLUSTER : 1) && cs <= steps; cs *= 2) {
             const int sb = (steps + cs - 1) / cs;
-            if (skinny_smem_bytes(bm, bn, 16 * sb, cs) > d.smem_optin) continue;
+            if (skinny_smem_bytes(bm, bn, 16 * sb) > d.smem_optin) continue;
             const long long blocks = (N + bn - 1) / bn * cs * mtiles;
             if (blocks > best) *p = {bm, bn, cs, sb}, best = blocks;
             if (2 * blocks >= d.sms) return true;
@@ -1707,12 +1736,12 @@ inline bool skinny_plan(int M, int N, int K, const DeviceInfo &d, SkinnyPlan *p)
     return best > 0;
 }
 
-template <int MI, int NI, bool SPLIT>
+template <int MI, int WN, bool SPLIT>
 inline cudaError_t launch_skinny_k(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
                                    const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
-    constexpr int BM = 32 * MI, BN = 32 * NI;
-    const int smem = (int)skinny_smem_bytes(BM, BN, 16 * c.sb, c.cs);  // fits: skinny_plan
-    auto kern = skinny_kernel<MI, NI, SPLIT>;
+    constexpr int BM = 16 * MI, BN = 32 * WN;
+    const int smem = (int)skinny_smem_bytes(BM, BN, 16 * c.sb);  // fits: skinny_plan
+    auto kern = skinny_kernel<MI, WN, SPLIT>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
@@ -1734,8 +1763,9 @@ inline cudaError_t launch_skinny_m(const bf16 *x, long long ldx, const bf16 *W, 
 
 inline cudaError_t launch_skinny(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
                                  const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
-    if (c.bm == 32) return launch_skinny_m<1>(x, ldx, W, M, N, K, c, e, stream);
-    return launch_skinny_m<2>(x, ldx, W, M, N, K, c, e, stream);
+    if (c.bm == 16) return launch_skinny_m<1>(x, ldx, W, M, N, K, c, e, stream);
+    if (c.bm == 32) return launch_skinny_m<2>(x, ldx, W, M, N, K, c, e, stream);
+    return launch_skinny_m<4>(x, ldx, W, M, N, K, c, e, stream);
 }
 
 template <int BM, int BN, int TM, int TN, bool LN>

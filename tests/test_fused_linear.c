@@ -494,10 +494,11 @@ int main(void) {
     // The skinny kernel (bf16 plain linear, W in shared memory before the PDL wait): GPT-2 124M's
     // projections at 64 rows (K split over a cluster of 8 where the device has clusters), rows that
     // half fill a row tile, K not a multiple of 8 (plain loads), more than 64 rows (row tiles), a
-    // few rows of long ones, and long rows of a one-tile N (a split of eight, the last slice short).
-    const int sshapes[][3] = {{64, 768, 768}, {64, 768, 3072}, {33, 300, 97},
-                              {130, 77, 100}, {5, 13, 1000},  {64, 9, 5000}};
-    for (int si = small ? 2 : 0; si < 6; si++)
+    // few rows of long ones, long rows of a one-tile N (a split of eight, the last slice short), and
+    // batch-16 and batch-8 decode (16-row tiles).
+    const int sshapes[][3] = {{64, 768, 768}, {64, 768, 3072}, {33, 300, 97},   {130, 77, 100},
+                              {5, 13, 1000},  {64, 9, 5000},   {16, 768, 3072}, {8, 768, 768}};
+    for (int si = small ? 2 : 0; si < 8; si++)
         run_res_case(sshapes[si][0], sshapes[si][1], sshapes[si][2], DTYPE_BF16, LINEAR_PATH_SKINNY, si == 1);
     test_bad_args();
     return test_exit_code();
