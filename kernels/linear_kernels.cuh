@@ -19,7 +19,8 @@
 //                   normalised and staged once per thread-block cluster through distributed
 //                   shared memory, W in registers feeding mma.sync.
 //   skinny_kernel   bf16, 4 < M <= 64 without LN on sm_90: a BM x 64-128 output tile a block,
-//                   its W slice in shared memory before the PDL wait, K split over a cluster.
+//                   its W slice in shared memory before the PDL wait, K split over the block's
+//                   warps and over a cluster.
 //   tc_kernel       bf16, larger M (prefill). mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
@@ -1165,7 +1166,7 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 // launched programmatically dependent (kernels/pdl.cuh), so each of its GEMMs waits for the
 // previous kernel to drain before its first weight load: ~2 us a boundary at batch 64, half the
 // step (docs/PERF.md, "Session 5"). Here:
-//   - a block owns a BM x BN output tile (BM = 32 or 64 rows, BN = 64 or 128 columns) over a slice
+//   - a block owns a BM x BN output tile (BM = 16, 32 or 64 rows, BN = 64 or 128 columns) over a slice
 //     of K: all of it, or 1/CS of it when the CS blocks of a thread-block cluster split K;
 //   - its W slice [BN][KB] goes into shared memory by cp.async *before* pdl_wait(): the weights
 //     stream in while the previous kernel finishes. Its rows of x [BM][KB] follow after the wait;
@@ -1186,7 +1187,8 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 constexpr int SK_THREADS = 256;
 constexpr int SK_MAX_CLUSTER = 8;  // the portable cluster size
 // The most rows for which the skinny kernel beats cuBLASLt's bias + residual epilogue in a decode
-// step (GPT-2 124M's projections, H200: 5-32 rows; at 48 and 64 it loses, docs/PERF.md, "Session 10").
+// step (GPT-2 124M's projections, H200: 5-32 rows; at 48 and 64 about even, docs/PERF.md,
+// "Session 11").
 constexpr int SK_ENGINE_MAX_ROWS = 32;
 
 // Row stride of the staged operands: KB + 8 bf16, an odd multiple of 16 bytes (KB is a multiple
@@ -1202,7 +1204,8 @@ __host__ __device__ constexpr int sk_wk(int bn) { return SK_THREADS / 32 / (bn /
 // Shared memory: As [BM][LD] and Ws [BN][LD] bf16; once the products are done, over them, the
 // warps' partial tiles [WK][BM][BN + 8] fp32 (slot 0: the block's sum, for the cluster's K split).
 __host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb) {
-    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2, partials = (long long)sk_wk(bn) * bm * sk_part_ld(bn) * 4;
+    const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2;
+    const long long partials = (long long)sk_wk(bn) * bm * sk_part_ld(bn) * 4;
     return operands > partials ? operands : partials;
 }
 
@@ -1796,7 +1799,8 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     if (path == LINEAR_PATH_AUTO)
         path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
     if (path == LINEAR_PATH_CLUSTER) {  // bf16 with the LayerNorm
-        if (!cluster_ok) return !LN || !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
+        if (!cluster_ok)
+            return !LN || !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
         return launch_cluster((const float *)x, ldx, gamma, (const bf16 *)W, M, N, K, plan, e, stream);
     }
     if (path == LINEAR_PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit

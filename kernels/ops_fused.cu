@@ -51,7 +51,8 @@
 // LayerNorm + cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs
 // 57,852, B=64 95,609 vs 117,261 (docs/PERF.md, "Session 4"); the skinny kernel for the
 // projections against cuBLASLt's bias + residual epilogue, B=8 +10%, B=16 +10%, B=32 +6%, and
-// slower at 48 and 64 rows ("Session 10"). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and
+// slower at 48 and 64 rows ("Session 10"; since its warps split K, another +8% at B=8 and 16, and
+// about even at 48 and 64: "Session 11"). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and
 // the GEMV stays ahead to M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
 // GPT2_FUSED_ROWS=N overrides all three (0: every step through cuBLASLt), GPT2_FUSED_ROWS=N,P the
 // ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L the logits (L) apart
