@@ -1027,6 +1027,17 @@ constexpr int tc_smem_bytes() {
            (LN ? S * BM * BK * 4 + S * BK * 4 + BM * (BK + 8) * 2 + 2 * BM * 4 : S * BM * (BK + 8) * 2);
 }
 
+// A warp's MI x NI accumulator tiles (m16n8k16), zeroed.
+template <int MI, int NI>
+__device__ __forceinline__ void zero_acc(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+}
+
 // One k16 step of a warp's MI x NI accumulator tiles (m16n8k16): the A fragments from rows
 // a_row.. of x at `a`, the B fragments from rows b_row.. of W (the output's columns) at `b`, both
 // bf16 with row stride ld, at column kk; ldmatrix, then MI x NI mma.sync.
@@ -1098,12 +1109,7 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 
     LnRows<BM, TC_BK, THREADS> ln;
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NI; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    zero_acc(acc);
 
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<S - 2>();
@@ -1269,12 +1275,7 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
     __syncthreads();
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NI; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    zero_acc(acc);
     const int kk0 = 16 * (wk * SB / WK), kk1 = 16 * ((wk + 1) * SB / WK);
 #pragma unroll 2
     for (int kk = kk0; kk < kk1; kk += 16) warp_mma_k16<MI, NI>(acc, As, 0, Ws, 32 * wn, LD, kk, lane);
