@@ -480,7 +480,7 @@ int main(void) {
             for (int si = 0; si < nshapes; si++)
                 run_res_case(rshapes[si][0], rshapes[si][1], rshapes[si][2], (DType)wt, paths[p], si == 2 || si == 5);
     // The cluster GEMV at batched-decode shapes: GPT-2 124M's qkv and fc at 64 and 40 rows (rows of
-    // x broadcast through the cluster) and GPT-2 355M's qkv at 5 rows.
+    // x broadcast through the cluster) and 5 rows of 1024-wide ones.
     if (has_clusters) {
         const int lshapes[][4] = {{64, 2304, 768, ACT_NONE}, {40, 3072, 768, ACT_GELU}, {5, 2304, 1024, ACT_NONE}};
         for (int si = small ? 2 : 0; si < 3; si++) {
