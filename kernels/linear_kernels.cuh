@@ -558,9 +558,24 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
 // shared memory then applies the LayerNorm pieces (shift, row sums, * gamma) and writes the
 // operand layout the math wants: bf16 [m][k] for ldmatrix, or fp32 [k][m] for the FFMA kernel.
 
-// A [ROWS][BKE] tile of a row-major matrix (row stride ld) at (r0, k0) into dst (row stride dld):
-// 16-byte cp.async chunks, zero-filled outside [nrows, K); plain loads and stores when `vec` is
-// false (K or ld not a multiple of 16 bytes, or an unaligned base).
+// One 16-byte chunk of a row-major matrix (row stride ld, nrows rows, K columns): elements
+// [gk, gk + 16 / sizeof(T)) of row gr into d, by cp.async, zero-filled outside [nrows, K); plain
+// loads and stores when `vec` is false (K or ld not a multiple of 16 bytes, or an unaligned base).
+template <typename T>
+__device__ __forceinline__ void load_chunk16(T *d, const T *__restrict__ src, long long ld, int nrows, int K, int gr,
+                                             int gk, bool vec) {
+    constexpr int EPC = 16 / sizeof(T);
+    if (vec) {
+        const bool ok = gr < nrows && gk < K;
+        cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok ? 16 : 0);
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPC; e++) d[e] = (gr < nrows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : T(0.0f);
+    }
+}
+
+// A [ROWS][BKE] tile of a row-major matrix (row stride ld) at (r0, k0) into dst (row stride dld),
+// chunk by chunk (load_chunk16).
 template <typename T, int ROWS, int BKE, int THREADS>
 __device__ __forceinline__ void load_tile(T *dst, int dld, const T *__restrict__ src, long long ld, int nrows, int K,
                                           int r0, int k0, bool vec, int tid) {
@@ -572,15 +587,7 @@ __device__ __forceinline__ void load_tile(T *dst, int dld, const T *__restrict__
         const int q = tid + i * THREADS;
         if (CHUNKS % THREADS == 0 || q < CHUNKS) {
             const int r = q / CPR, kc = EPC * (q % CPR);
-            const int gr = r0 + r, gk = k0 + kc;
-            T *d = dst + r * dld + kc;
-            if (vec) {
-                const bool ok = gr < nrows && gk < K;
-                cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok ? 16 : 0);
-            } else {
-#pragma unroll
-                for (int e = 0; e < EPC; e++) d[e] = (gr < nrows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : T(0.0f);
-            }
+            load_chunk16(dst + r * dld + kc, src, ld, nrows, K, r0 + r, k0 + kc, vec);
         }
     }
 }
@@ -1180,7 +1187,9 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
 //     over the K slice, so a warp's chain of dependent MMAs is KB / (16 WK) steps long; the WK
 //     partial tiles are added in warp order through shared memory (with 2 x 4 warps over the
 //     tile and each one the whole slice, the products were ~1/3 of the kernel at 64 rows:
-//     docs/PERF.md, "Session 11");
+//     docs/PERF.md, "Session 11"). Where that leaves a warp under two k16 steps (a 768-long K
+//     split eight ways), WM = 2 warps share the rows instead and WK halves: fewer partial tiles
+//     to add for the same chain;
 //   - with a split, each block leaves its partial tile in shared memory and, after one cluster
 //     barrier, block r sums rows r BM/CS .. (r + 1) BM/CS - 1 of all CS partials through
 //     distributed shared memory and applies the epilogue to them (bias, GELU, residual add, bf16
@@ -1204,20 +1213,19 @@ __host__ __device__ constexpr int sk_ld(int kb) { return kb + 8; }
 // store 8 banks apart (conflict-free float2 stores per half warp).
 __host__ __device__ constexpr int sk_part_ld(int bn) { return bn + 8; }
 
-// Warps over the K slice for a tile of bn columns (each warp 32 columns).
-__host__ __device__ constexpr int sk_wk(int bn) { return SK_THREADS / 32 / (bn / 32); }
+// Warps over the K slice for a tile of bn columns (each warp 32 columns) whose rows wm warps share.
+__host__ __device__ constexpr int sk_wk(int wm, int bn) { return SK_THREADS / 32 / (wm * (bn / 32)); }
 
 // Shared memory: As [BM][LD] and Ws [BN][LD] bf16; once the products are done, over them, the
 // warps' partial tiles [WK][BM][BN + 8] fp32 (slot 0: the block's sum, for the cluster's K split).
-__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int kb) {
+__host__ __device__ constexpr long long skinny_smem_bytes(int bm, int bn, int wm, int kb) {
     const long long operands = (long long)(bm + bn) * sk_ld(kb) * 2;
-    const long long partials = (long long)sk_wk(bn) * bm * sk_part_ld(bn) * 4;
+    const long long partials = (long long)sk_wk(wm, bn) * bm * sk_part_ld(bn) * 4;
     return operands > partials ? operands : partials;
 }
 
 // Rows [r0, r0 + ROWS) x k [k0, k0 + kb) of a bf16 matrix (row stride ld, `rows` rows, K columns)
-// into dst (row stride dld) by the whole block: 16-byte cp.async chunks, zeros outside; plain
-// loads and stores when `vec` is false (K or ld not a multiple of 8, or an unaligned base).
+// into dst (row stride dld) by the whole block, chunk by chunk (load_chunk16).
 template <int ROWS>
 __device__ __forceinline__ void sk_load(bf16 *dst, int dld, const bf16 *__restrict__ src, long long ld, int rows,
                                         int K, int r0, int k0, int kb, bool vec, int tid) {
@@ -1227,25 +1235,18 @@ __device__ __forceinline__ void sk_load(bf16 *dst, int dld, const bf16 *__restri
     int r = tid / cpr, kc = 8 * (tid % cpr);
     for (int q = tid; q < ROWS * cpr; q += SK_THREADS, r += dr, kc += dkc) {
         if (kc >= kb) kc -= kb, r++;
-        const int gr = r0 + r, gk = k0 + kc;
-        bf16 *d = dst + r * dld + kc;
-        if (vec) {
-            const bool ok = gr < rows && gk < K;
-            cp_async16(d, ok ? src + (size_t)gr * ld + gk : src, ok ? 16 : 0);
-        } else {
-            for (int e = 0; e < 8; e++)
-                d[e] = (gr < rows && gk + e < K) ? src[(size_t)gr * ld + gk + e] : __float2bfloat16_rn(0.0f);
-        }
+        load_chunk16(dst + r * dld + kc, src, ld, rows, K, r0 + r, k0 + kc, vec);
     }
 }
 
-// A warp: all BM = 16 MI rows x 32 columns (4 n8 tiles) over 1/WK of the K slice; WN = BN / 32.
-template <int MI, int WN, bool SPLIT>
+// A warp: 16 MI of the BM = 16 MI WM rows x 32 columns (4 n8 tiles) over 1/WK of the K slice;
+// WN = BN / 32.
+template <int MI, int WM, int WN, bool SPLIT>
 __global__ void __launch_bounds__(SK_THREADS)
 skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict__ W, int M, int N, int K, int SB,
               Epilogue e) {
-    constexpr int NI = 4, BM = 16 * MI, BN = 32 * WN, WK = sk_wk(BN), PLD = sk_part_ld(BN);
-    static_assert(WN * WK * 32 == SK_THREADS, "the warps tile the columns and the K slice");
+    constexpr int NI = 4, BM = 16 * MI * WM, BN = 32 * WN, WK = sk_wk(WM, BN), PLD = sk_part_ld(BN);
+    static_assert(WM * WN * WK * 32 == SK_THREADS, "the warps tile the rows, the columns and the K slice");
     pdl_launch_dependents();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
@@ -1260,7 +1261,8 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
     bf16 *Ws = As + BM * LD;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wn = warp % WN, wk = warp / WN;  // the warp's 32 columns and its share of the K slice
+    // The warp's 32 columns, its rows and its share of the K slice.
+    const int wn = warp % WN, wm = warp / WN % WM, wk = warp / (WN * WM), a_row = 16 * MI * wm;
     const int n0 = (blockIdx.x / CS) * BN, m0 = blockIdx.y * BM, kb0 = rank * KB;
     const bool wvec = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(W) % 16) == 0;
     const bool xvec = (K % 8) == 0 && (ldx % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
@@ -1278,13 +1280,14 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
     zero_acc(acc);
     const int kk0 = 16 * (wk * SB / WK), kk1 = 16 * ((wk + 1) * SB / WK);
 #pragma unroll 2
-    for (int kk = kk0; kk < kk1; kk += 16) warp_mma_k16<MI, NI>(acc, As, 0, Ws, 32 * wn, LD, kk, lane);
+    for (int kk = kk0; kk < kk1; kk += 16) warp_mma_k16<MI, NI>(acc, As, a_row, Ws, 32 * wn, LD, kk, lane);
 
     // --- the WK partial tiles, added in warp order by the warps of the first K share ---
     const int gid = lane / 4, tig = lane % 4;
     float *part = reinterpret_cast<float *>(smem_raw);  // [WK][BM][PLD]; slot 0: the block's sum
     auto slot = [&](int q, int i, int h, int j) {
-        return reinterpret_cast<float2 *>(part + (q * BM + i * 16 + gid + 8 * h) * PLD + 32 * wn + j * 8 + 2 * tig);
+        return reinterpret_cast<float2 *>(part + (q * BM + a_row + i * 16 + gid + 8 * h) * PLD + 32 * wn + j * 8 +
+                                          2 * tig);
     };
     __syncthreads();  // every warp is done with the operands: the partial tiles go over them
     if (wk > 0)
@@ -1317,7 +1320,7 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
                     if constexpr (SPLIT) {
                         *slot(0, i, h, j) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                     } else {
-                        const int m = m0 + i * 16 + gid + 8 * h, n = n0 + 32 * wn + j * 8 + 2 * tig;
+                        const int m = m0 + a_row + i * 16 + gid + 8 * h, n = n0 + 32 * wn + j * 8 + 2 * tig;
                         if (m < M && n < N) epi_store2(e, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                     }
                 }
@@ -1715,16 +1718,16 @@ inline cudaError_t launch_tc(const void *x, long long ldx, const float *gamma, c
 }
 
 // How the skinny kernel covers a product: rows a block (bm), output columns a block (bn), blocks of
-// a cluster that split K (cs), k16 steps a block (sb).
+// a cluster that split K (cs), k16 steps a block (sb), warps that share the rows (wm).
 struct SkinnyPlan {
-    int bm, bn, cs, sb;
+    int bm, bn, cs, sb, wm;
 };
 
 // The first of (128 columns, 64) x (no split, split 2, 4, 8) whose operands fit shared memory and
 // that gives at least half the SMs a block; failing that the fitting plan with the most blocks.
 // Wide tiles come first (x is read N / bn times over), then the least split. GPT-2 124M at 64 rows
 // on an H200: qkv 128 columns split 4 (72 blocks), fc 128 split 4 (96), the attention projection
-// 64 split 8 (96), the MLP projection 64 split 8 (96).
+// 64 split 8 (96, two warps to the rows: 3 k16 steps a warp), the MLP projection 64 split 8 (96).
 inline bool skinny_plan(int M, int N, int K, const DeviceInfo &d, SkinnyPlan *p) {
     const int bm = M <= 16 ? 16 : M <= 32 ? 32 : 64, steps = (K + 15) / 16;
     const long long mtiles = (M + bm - 1) / bm;
@@ -1732,20 +1735,22 @@ inline bool skinny_plan(int M, int N, int K, const DeviceInfo &d, SkinnyPlan *p)
     for (int bn = 128; bn >= 64; bn /= 2)
         for (int cs = 1; cs <= (d.cc >= 90 ? SK_MAX_CLUSTER : 1) && cs <= steps; cs *= 2) {
             const int sb = (steps + cs - 1) / cs;
-            if (skinny_smem_bytes(bm, bn, 16 * sb) > d.smem_optin) continue;
+            // Split rows over two warps where the K split alone would leave a warp under two steps.
+            const int wm = bn == 64 && bm >= 32 && cs > 1 && sb < 2 * sk_wk(1, bn) ? 2 : 1;
+            if (skinny_smem_bytes(bm, bn, wm, 16 * sb) > d.smem_optin) continue;
             const long long blocks = (N + bn - 1) / bn * cs * mtiles;
-            if (blocks > best) *p = {bm, bn, cs, sb}, best = blocks;
+            if (blocks > best) *p = {bm, bn, cs, sb, wm}, best = blocks;
             if (2 * blocks >= d.sms) return true;
         }
     return best > 0;
 }
 
-template <int MI, int WN, bool SPLIT>
+template <int MI, int WM, int WN, bool SPLIT>
 inline cudaError_t launch_skinny_k(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
                                    const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
-    constexpr int BM = 16 * MI, BN = 32 * WN;
-    const int smem = (int)skinny_smem_bytes(BM, BN, 16 * c.sb);  // fits: skinny_plan
-    auto kern = skinny_kernel<MI, WN, SPLIT>;
+    constexpr int BM = 16 * MI * WM, BN = 32 * WN;
+    const int smem = (int)skinny_smem_bytes(BM, BN, WM, 16 * c.sb);  // fits: skinny_plan
+    auto kern = skinny_kernel<MI, WM, WN, SPLIT>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
     if (err != cudaSuccess) return err;
@@ -1754,15 +1759,18 @@ inline cudaError_t launch_skinny_k(const bf16 *x, long long ldx, const bf16 *W, 
     return launch_pdl_cluster(kern, grid, dim3(SK_THREADS), smem, c.cs, stream, x, ldx, W, M, N, K, c.sb, e);
 }
 
+// BM = 16 MI rows a block; two warps to the rows only at 64 columns with a split (skinny_plan).
 template <int MI>
 inline cudaError_t launch_skinny_m(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
                                    const SkinnyPlan &c, const Epilogue &e, cudaStream_t stream) {
     if (c.bn == 128) {
-        if (c.cs > 1) return launch_skinny_k<MI, 4, true>(x, ldx, W, M, N, K, c, e, stream);
-        return launch_skinny_k<MI, 4, false>(x, ldx, W, M, N, K, c, e, stream);
+        if (c.cs > 1) return launch_skinny_k<MI, 1, 4, true>(x, ldx, W, M, N, K, c, e, stream);
+        return launch_skinny_k<MI, 1, 4, false>(x, ldx, W, M, N, K, c, e, stream);
     }
-    if (c.cs > 1) return launch_skinny_k<MI, 2, true>(x, ldx, W, M, N, K, c, e, stream);
-    return launch_skinny_k<MI, 2, false>(x, ldx, W, M, N, K, c, e, stream);
+    if constexpr (MI > 1)
+        if (c.wm == 2) return launch_skinny_k<MI / 2, 2, 2, true>(x, ldx, W, M, N, K, c, e, stream);
+    if (c.cs > 1) return launch_skinny_k<MI, 1, 2, true>(x, ldx, W, M, N, K, c, e, stream);
+    return launch_skinny_k<MI, 1, 2, false>(x, ldx, W, M, N, K, c, e, stream);
 }
 
 inline cudaError_t launch_skinny(const bf16 *x, long long ldx, const bf16 *W, int M, int N, int K,
