@@ -1,10 +1,6 @@
-// Plain linear ops (no LayerNorm) through the fused kernels (issue 5):
-//   linear_residual   residual[M, N] (fp32, in place) += x[M, K] W^T + b: the attention projection
-//                     (K = C) and the MLP projection (K = 4C), so the fused path keeps no separate
-//                     residual kernel;
-//   linear_bias_act   y[M, N] = act(x[M, K] W^T + b) in the compute dtype: qkv and fc of the many-row
-//                     route after its LayerNorm kernel, where every kernel of a decode step is then
-//                     PDL-launched (cuBLASLt's are not: docs/PERF.md, "Session 12").
+// Linear with the residual add as its epilogue (issue 5): residual[M, N] (fp32, in place)
+// += x[M, K] W^T + b, for the attention projection (K = C) and the MLP projection (K = 4C), so the
+// fused path keeps no separate residual kernel.
 //
 // x and W in the compute dtype (fp32, or bf16 with fp32 accumulation), W [N, K] row-major, b fp32
 // [N] or NULL. Same kernels as fused_ln_linear (kernels/linear_kernels.cuh) without the LayerNorm:
@@ -14,11 +10,11 @@
 // the PDL wait, K split over a cluster), else the GEMV to 16 rows; larger M bf16 tensor cores
 // (mma.sync, W and x tiles by cp.async) or fp32 FFMA tiles (no TF32).
 //
-// Each element of residual (or y) is written by one thread once; residual and y must not alias x.
+// Each element of residual is read and written by one thread once; residual must not alias x.
 // Returns cudaSuccess (0) or the error (cudaErrorInvalidValue for a bad argument).
 #pragma once
 
-#include "fused_ln_linear.h"  // DType, LinearPath, Activation
+#include "fused_ln_linear.h"  // DType, LinearPath
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,10 +26,6 @@ int linear_residual(const void *x, const void *W, DType dtype, const float *b, f
 // With a forced kernel (tests, benchmarks).
 int linear_residual_ex(const void *x, const void *W, DType dtype, const float *b, float *residual, int M, int N,
                        int K, LinearPath path, cudaStream_t stream);
-
-// y rows ldy elements apart (ldy >= N), dtype like x; path as linear_residual_ex (AUTO: by M).
-int linear_bias_act(const void *x, const void *W, DType dtype, const float *b, void *y, long long ldy, int M, int N,
-                    int K, Activation act, LinearPath path, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -78,25 +78,12 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
     return st->M > fused_rows(s, LINEAR_OP_LN) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
-// The many-row route's product after its LayerNorm kernel, y = act(ln W^T + b): up to the plain ops'
-// limit our kernels (every kernel of the step is then PDL-launched), past it cuBLASLt with the bias
-// (and GELU) in its epilogue. b: fp32 for ours, b_c in the compute dtype for cuBLASLt.
-static int ln_product(GpuState *s, const GpuStep *st, void *y, int N, const void *W, const float *b, const void *b_c,
-                      Activation act, Error *err) {
-    if (st->M <= fused_rows(s, LINEAR_OP_PLAIN)) {
-        FUSED_TRY(linear_bias_act(s->ln, W, s->dtype, b, y, N, st->M, N, s->C, act, LINEAR_PATH_AUTO, s->stream));
-        return 0;
-    }
-    CUBLAS_TRY(matmul_lt(s->lt, act == ACT_GELU ? MATMUL_LT_BIAS_GELU : MATMUL_LT_BIAS, y, N, s->ln, W, s->dtype, b_c,
-                         st->M, N, s->C, act == ACT_GELU ? s->scratch : NULL, s->stream));
-    return 0;
-}
-
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        if (ln_product(s, st, s->scratch, 3 * s->C, ly->qkvw, ly->qkvb, ly->qkvb_c, ACT_NONE, err)) return -1;
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
+                             st->M, 3 * s->C, s->C, NULL, s->stream));
         if (!attention_reads_qkv(s, st))
             CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
                                s->NH, s->HS, s->max_seq, s->dtype, s->stream));
@@ -144,7 +131,9 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        return ln_product(s, st, s->h, 4 * s->C, ly->fcw, ly->fcb, ly->fcb_c, ACT_GELU, err);
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
+                             4 * s->C, s->C, s->scratch, s->stream));
+        return 0;
     }
     FUSED_TRY(fused_ln_linear(s->x, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, s->dtype, st->M, 4 * s->C,
                               s->C, ACT_GELU, NULL, s->stream));
