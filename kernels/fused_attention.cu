@@ -176,6 +176,12 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // merge at the end. QIT = 16-byte chunks per lane (HS / (8 * 16 / sizeof(E)), rounded up).
 // With nr.k_new (fused_attention_qkv) the key and value at pos come from the qkv product, and the
 // block whose chunk holds pos also stores them into the cache: no other block reads that row.
+// In a decode graph (pos_device given) the first U keys of each stream are loaded before the PDL
+// wait, all but the one at pos: the rows before pos were written by earlier steps, which have
+// completed (a graph launch follows the work before it in stream order), so their DRAM latency
+// overlaps the previous kernel's tail; only q and the row at pos come from that kernel. Outside a
+// graph a chain of early-launched kernels could reach back into the previous step, so there the
+// loads wait.
 template <typename E, int QIT>
 __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
                                                          E *__restrict__ out, unsigned *__restrict__ counters,
@@ -184,8 +190,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
                                                          int max_seq, int chunk, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
-    pdl_wait();               // q and the new key/value row come from the kernel before
-    if (pos_device) pos = *pos_device;  // a decode graph's position; the grid was laid out for the bound
+    // A decode graph's position (the grid was laid out for the bound): copied before the step's
+    // first kernel, so it may be read before the wait.
+    if (pos_device) pos = *pos_device;
     // The chunks that hold a key; the blocks past them leave now (a decode graph's grid covers the
     // longest cache, and its empty blocks used to join the merge: docs/PERF.md, "Session 8").
     const int splits = (pos + chunk) / chunk;
@@ -205,6 +212,32 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     const E *vb = vc + bh * max_seq * HS;
     const E *knew = nr.k_new ? nr.k_new + (size_t)b * nr.ldq + h * HS : nullptr;
     const E *vnew = nr.k_new ? nr.v_new + (size_t)b * nr.ldq + h * HS : nullptr;
+
+    // This lane's chunks of the key and value rows of one key into slot u (zero past kend).
+    uint4 kraw[U][QIT], vraw[U][QIT];
+    auto load_key = [&](int u, int key) {
+        const bool fresh = knew && key == pos;
+        const E *krow = fresh ? knew : kb + (size_t)key * HS, *vrow = fresh ? vnew : vb + (size_t)key * HS;
+#pragma unroll
+        for (int it = 0; it < QIT; it++) {
+            const int v = sub + it * 8;
+            if (key < kend && v < NV) {
+                kraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(krow + v * VW));
+                vraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(vrow + v * VW));
+            } else {
+                kraw[u][it] = make_uint4(0, 0, 0, 0);
+                vraw[u][it] = make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    const bool early = pos_device != nullptr;
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (early) load_key(u, kbeg + u * NS + stream == pos ? kend : kbeg + u * NS + stream);
+    pdl_wait();  // q and the row at pos come from the kernel before
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (!early || kbeg + u * NS + stream == pos) load_key(u, kbeg + u * NS + stream);
     if (knew && kbeg <= pos && pos < kend && tid < NV) {
         const size_t at = (size_t)pos * HS + tid * VW;
         *reinterpret_cast<uint4 *>(kc + bh * max_seq * HS + at) = *reinterpret_cast<const uint4 *>(knew + tid * VW);
@@ -225,24 +258,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     float m = -INFINITY, l = 0.f;
 
     for (int k0 = kbeg; k0 < kend; k0 += NS * U) {
-        uint4 kraw[U][QIT], vraw[U][QIT];
+        if (k0 > kbeg)  // the first batch is in flight since before the wait
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int key = k0 + u * NS + stream;
-            const bool fresh = knew && key == pos;
-            const E *krow = fresh ? knew : kb + (size_t)key * HS, *vrow = fresh ? vnew : vb + (size_t)key * HS;
-#pragma unroll
-            for (int it = 0; it < QIT; it++) {
-                const int v = sub + it * 8;
-                if (key < kend && v < NV) {
-                    kraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(krow + v * VW));
-                    vraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(vrow + v * VW));
-                } else {
-                    kraw[u][it] = make_uint4(0, 0, 0, 0);
-                    vraw[u][it] = make_uint4(0, 0, 0, 0);
-                }
-            }
-        }
+            for (int u = 0; u < U; u++) load_key(u, k0 + u * NS + stream);
         float sc[U];
         float mx = -INFINITY;
 #pragma unroll
