@@ -1000,14 +1000,7 @@ cluster_kernel(const float *__restrict__ x, long long ldx, const float *__restri
     // --- the warps' partial sums, added in warp order ---
     __syncthreads();  // the staged rows are dead: their space takes the sums
     float *red = reinterpret_cast<float *>(smem_raw);  // [WARPS][MT][NT]
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int gi = 0; gi < G; gi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                *reinterpret_cast<float2 *>(red + (warp * MT + mi * 16 + gid + 8 * h) * NT + gi * 8 + 2 * tig) =
-                    make_float2(acc[mi][gi][2 * h], acc[mi][gi][2 * h + 1]);
+    store_acc(red + warp * MT * NT, NT, acc, lane);
     __syncthreads();
     for (int i = tid; i < MT * NT / 2; i += CL_THREADS) {
         const int row = i / (NT / 2), col = 2 * (i % (NT / 2));
@@ -1290,13 +1283,7 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
                                           2 * tig);
     };
     __syncthreads();  // every warp is done with the operands: the partial tiles go over them
-    if (wk > 0)
-#pragma unroll
-        for (int i = 0; i < MI; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int j = 0; j < NI; j++) *slot(wk, i, h, j) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    if (wk > 0) store_acc(part + (wk * BM + a_row) * PLD + 32 * wn, PLD, acc, lane);
     __syncthreads();
     if (wk == 0) {
 #pragma unroll
@@ -1311,19 +1298,19 @@ skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict_
                         acc[i][j][2 * h] += v.x;
                         acc[i][j][2 * h + 1] += v.y;
                     }
+        if constexpr (SPLIT) {
+            store_acc(part + a_row * PLD + 32 * wn, PLD, acc, lane);
+        } else {
 #pragma unroll
-        for (int i = 0; i < MI; i++)
+            for (int i = 0; i < MI; i++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+                for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int j = 0; j < NI; j++) {
-                    if constexpr (SPLIT) {
-                        *slot(0, i, h, j) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                    } else {
+                    for (int j = 0; j < NI; j++) {
                         const int m = m0 + a_row + i * 16 + gid + 8 * h, n = n0 + 32 * wn + j * 8 + 2 * tig;
                         if (m < M && n < N) epi_store2(e, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                     }
-                }
+        }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (SPLIT) {

@@ -1,6 +1,7 @@
 // The few PTX wrappers the tensor-core and cp.async kernels share (fused_attention.cu,
 // linear_kernels.cuh): asynchronous 16-byte copies into shared memory, ldmatrix, and the bf16
-// m16n8k16 MMA with fp32 accumulators. All of them exist from sm_80 on.
+// m16n8k16 MMA with fp32 accumulators, and the store of its accumulator tiles. All of them exist from
+// sm_80 on.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,4 +40,20 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A warp's MI x NI m16n8 fp32 accumulator tiles into a row-major buffer (row stride ld): tile
+// (i, j) at rows 16 i.., columns 8 j..; each lane holds two pairs of neighbouring columns, in rows
+// lane / 4 and lane / 4 + 8.
+template <int MI, int NI>
+__device__ __forceinline__ void store_acc(float *dst, int ld, const float (&acc)[MI][NI][4], int lane) {
+    const int gid = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < NI; j++)
+                *reinterpret_cast<float2 *>(dst + (i * 16 + gid + 8 * h) * ld + j * 8 + 2 * tig) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
 }
