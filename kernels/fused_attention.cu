@@ -26,10 +26,12 @@
 //                      staged in shared memory (16-byte cp.async, double-buffered).
 // A split block writes its partial (max, sum, acc) to the workspace; the last block of a head to
 // finish (a counter per head) merges: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-// No second launch. Causal tiles are never loaded: a query tile starting at q0 reads keys
+// No second launch. On sm_90 and later attn_decode1's splits of a head form one cluster and merge
+// in its first block's shared memory instead (no workspace, fence or counter). Causal tiles are never loaded: a query tile starting at q0 reads keys
 // < pos + q0 + (its size) only. Every query sees key 0, so a softmax that has seen tile 0 has a finite
 // maximum; where a stream may start on keys a query cannot see (a decode chunk past pos + t, the
 // second warp group of a prefill block), -inf maxima are kept out of the exponents explicitly.
+#include "cluster.cuh"
 #include "fused_attention.h"
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -38,6 +40,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -126,12 +129,25 @@ template <typename E> struct NewRows {
 constexpr size_t kCounterBytes = 65536;
 constexpr int kMaxCounters = (int)(kCounterBytes / sizeof(unsigned));
 
+// Element d of one query's merged output from its splits' partials, at(s, i) = element i of split
+// s's (m, l, acc[HS]) (a query that sees no key of a chunk has m = -inf, l = 0, acc = 0 there):
+//   out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M finite (split 0 holds key 0).
+template <typename At> __device__ __forceinline__ float merge_splits(int splits, int d, At at) {
+    float M = -INFINITY;
+    for (int sp = 0; sp < splits; sp++) M = fmaxf(M, at(sp, 0));
+    float num = 0.f, den = 0.f;
+    for (int sp = 0; sp < splits; sp++) {
+        const float w = exp2f(at(sp, 0) - M);
+        den = fmaf(w, at(sp, 1), den);
+        num = fmaf(w, at(sp, 2 + d), num);
+    }
+    return num / den;
+}
+
 // The end of a split block: its partial (res = unnormalised sum p.v [T][HS], ms / ls = max and sum
 // per query, all in shared memory and visible) goes to pb = this head's partials [T][splits][2 + HS];
 // the last of the head's blocks to arrive (counter) merges all splits into out (this head's columns
-// of row b*T) and leaves the counter at zero (a query that sees no key of a chunk has m = -inf, l = 0,
-// acc = 0 there):
-//   out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M finite (split 0 holds key 0).
+// of row b*T) and leaves the counter at zero.
 template <typename E>
 __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *outh, int T, int HS, int C, int split,
                                              int splits, const float *res, const float *ms, const float *ls) {
@@ -155,15 +171,8 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
     for (int i = tid; i < T * HS; i += kThreads) {
         const int t = i / HS, d = i - t * HS;
         const float *p = pb + (size_t)t * splits * prow;
-        float M = -INFINITY;
-        for (int sp = 0; sp < splits; sp++) M = fmaxf(M, __ldcg(p + sp * prow));
-        float num = 0.f, den = 0.f;
-        for (int sp = 0; sp < splits; sp++) {
-            const float w = exp2f(__ldcg(p + sp * prow) - M);
-            den = fmaf(w, __ldcg(p + sp * prow + 1), den);
-            num = fmaf(w, __ldcg(p + sp * prow + 2 + d), num);
-        }
-        outh[(size_t)t * C + d] = from_f<E>(num / den);
+        const float o = merge_splits(splits, d, [&](int sp, int j) { return __ldcg(p + sp * prow + j); });
+        outh[(size_t)t * C + d] = from_f<E>(o);
     }
     if (tid == 0) *counter = 0;
 }
@@ -182,7 +191,15 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // overlaps the previous kernel's tail; only q and the row at pos come from that kernel. Outside a
 // graph a chain of early-launched kernels could reach back into the previous step, so there the
 // loads wait.
-template <typename E, int QIT>
+// CL (sm_90 on): a head's split blocks are one cluster along x, and they merge in block 0's shared
+// memory: each block stores its partial there (distributed shared memory) and arrives on the
+// cluster barrier; block 0 waits and merges. No workspace, fence or ticket: the merge of 2-9
+// splits through global memory cost batch 1 ~10% of a step at long caches (docs/PERF.md, "Session
+// 13"). Two barrier phases: every block arrives at the start ("started"), and waits on that phase
+// before its first remote store, so block 0 is running when the stores land; then the partials.
+// The blocks past the cache leave at once, which the barrier allows (kernels/cluster.cuh).
+constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
+template <typename E, int QIT, bool CL>
 __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
                                                          E *__restrict__ out, unsigned *__restrict__ counters,
                                                          float *__restrict__ part, int pos,
@@ -190,6 +207,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
                                                          int max_seq, int chunk, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
+    if constexpr (CL) cluster_arrive_relaxed();  // "started"
     // A decode graph's position (the grid was laid out for the bound): copied before the step's
     // first kernel, so it may be read before the wait.
     if (pos_device) pos = *pos_device;
@@ -202,6 +220,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     constexpr int NS = 16;                     // streams per block
     __shared__ __align__(16) float sm_acc[NS][QIT * 8 * VW];
     __shared__ float sm_m[NS], sm_l[NS], res[QIT * 8 * VW], ms[1], ls[1];
+    __shared__ float table[CL ? kMaxClusterSplits : 1][CL ? 2 + QIT * 8 * VW : 1];  // CL: the splits' partials
 
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, sub = lane & 7, stream = tid >> 3;
@@ -327,15 +346,32 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
         w[s2] = exp2f(sm_m[s2] - M);
         den = fmaf(w[s2], sm_l[s2], den);
     }
+    // The block's partial: the output itself when it is the only split; else into row `split` of
+    // block 0's table (CL), or res for finish_split.
     E *outh = out + (size_t)b * C + h * HS;
+    if constexpr (CL)
+        if (splits > 1) cluster_wait();  // "started": block 0 is running
     for (int d = tid; d < HS; d += kThreads) {
         float num = 0.f;
 #pragma unroll
         for (int s2 = 0; s2 < NS; s2++) num = fmaf(w[s2], sm_acc[s2][d], num);
         if (splits == 1) outh[d] = from_f<E>(num / den);
+        else if constexpr (CL) st_cluster(cluster_map(&table[split][2 + d], 0), num);
         else res[d] = num;
     }
     if (splits == 1) return;
+    if constexpr (CL) {
+        if (tid == 0) {
+            st_cluster(cluster_map(&table[split][0], 0), M);
+            st_cluster(cluster_map(&table[split][1], 0), den);
+        }
+        cluster_arrive();  // release: this block's stores are visible to block 0's wait
+        if (split != 0) return;
+        cluster_wait();
+        for (int d = tid; d < HS; d += kThreads)
+            outh[d] = from_f<E>(merge_splits(splits, d, [&](int sp, int j) { return table[sp][j]; }));
+        return;
+    }
     if (tid == 0) { ms[0] = M; ls[0] = den; }
     __syncthreads();
     finish_split(part + bh * splits * ((size_t)HS + 2), counters + bh, outh, 1, HS, C, split, splits, res, ms, ls);
@@ -1192,19 +1228,22 @@ cudaError_t ensure_counters_zeroed(void *ws, cudaStream_t stream) {
     return e;
 }
 
+// The most splits of a head whose partials the workspace holds (1: none) for bh heads of T queries.
+long long workspace_splits(long long bh, int T, int HS, const void *ws, size_t ws_bytes) {
+    if (!ws || ws_bytes <= kCounterBytes || bh > kMaxCounters) return 1;
+    const size_t per_split = (size_t)bh * T * (HS + 2) * sizeof(float);
+    return (long long)((ws_bytes - kCounterBytes) / per_split);
+}
+
 // Keys per block (a multiple of 64) for bh heads of L keys: minimise waves x (tiles per block + 1),
-// the +1 for a block's fixed costs (q, the partial, the merge), within what the workspace holds.
+// the +1 for a block's fixed costs (q, the partial, the merge), with at most max_splits blocks a head.
 struct Split {
     int chunk, splits;
 };
-Split choose_split(long long bh, int T, int L, int HS, int blocks_per_sm_, const void *ws, size_t ws_bytes) {
+Split choose_split(long long bh, int L, int blocks_per_sm_, long long max_splits) {
     const int ntiles = (L + kDecodeKT - 1) / kDecodeKT;
     const long long slots = (long long)blocks_per_sm_ * sm_count();
-    const size_t per_split = (size_t)bh * T * (HS + 2) * sizeof(float);
-    long long max_splits = ntiles;
-    if (!ws || ws_bytes <= kCounterBytes || bh > kMaxCounters) max_splits = 1;
-    else if ((size_t)max_splits * per_split > ws_bytes - kCounterBytes)
-        max_splits = (long long)((ws_bytes - kCounterBytes) / per_split);
+    if (max_splits > ntiles) max_splits = ntiles;
     if (max_splits < 1) max_splits = 1;
     long long best = 1, best_cost = -1;
     for (long long sp = 1; sp <= max_splits; sp++) {
@@ -1227,7 +1266,8 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
     cudaError_t e = allow_smem(kern, lay.total);
     if (e != cudaSuccess) return e;
     const long long bh = (long long)B * NH;
-    const Split sp = choose_split(bh, T, pos + T, HS, blocks_per_sm(kern, lay.total), ws, ws_bytes);
+    const Split sp =
+        choose_split(bh, pos + T, blocks_per_sm(kern, lay.total), workspace_splits(bh, T, HS, ws, ws_bytes));
     if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
     const bool vec = HS % (16 / sizeof(E)) == 0 && aligned16(kc) && aligned16(vc);
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
@@ -1237,19 +1277,63 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
                       counters, part, T, pos, pos_device, NH, HS, max_seq, sp.chunk, scale_log2, (int)vec);
 }
 
+// The most blocks a head's cache splits into when they merge inside a cluster (kern: the CL
+// kernel): on sm_90 and later 16 where a cluster of 16 of them fits (a non-portable size, allowed
+// here), else 8 (the portable size); 0 before sm_90 (the workspace and a ticket). Batch 1 on an
+// H200, 512 new tokens: 3,705 tokens/s through the workspace, 3,922 with 8, 4,114 with 16 (docs/
+// PERF.md, "Session 13"). GPT2_ATTN_CLUSTER=0 turns the cluster merge off and =2..16 sets the
+// limit, to measure one against another; read at every call (tests switch it).
+template <typename K> int decode_cluster_splits(K kern) {
+    if (device_attr<cudaDevAttrComputeCapabilityMajor>(8) < 9) return 0;
+    static int fits[16];  // per device: 0 not asked yet, else the limit
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 8;
+    if (!fits[dev]) {
+        int clusters = 0;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = kMaxClusterSplits;
+        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(kMaxClusterSplits);
+        cfg.blockDim = dim3(kThreads);
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        const bool ok = cudaFuncSetAttribute(reinterpret_cast<const void *>(kern),
+                                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+                        cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void *>(kern), &cfg) ==
+                            cudaSuccess &&
+                        clusters > 0;
+        if (!ok) cudaGetLastError();
+        fits[dev] = ok ? kMaxClusterSplits : 8;
+    }
+    const char *env = getenv("GPT2_ATTN_CLUSTER");
+    if (!env || !*env) return fits[dev];
+    const int n = atoi(env);
+    return n < 2 ? 0 : n > fits[dev] ? fits[dev] : n;
+}
+
 template <typename E, int QIT>
 cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, int pos, const int *pos_device, int NH,
                            int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
-    auto kern = attn_decode1<E, QIT>;
+    auto kern = attn_decode1<E, QIT, false>;
+    auto kern_cl = attn_decode1<E, QIT, true>;
     const long long bh = (long long)B * NH;
-    const Split sp = choose_split(bh, 1, pos + 1, HS, blocks_per_sm(kern, 0), ws, ws_bytes);
+    const int cl_splits = decode_cluster_splits(kern_cl);
+    const Split sp = choose_split(bh, pos + 1, cl_splits ? blocks_per_sm(kern_cl, 0) : blocks_per_sm(kern, 0),
+                                  cl_splits ? cl_splits : workspace_splits(bh, 1, HS, ws, ws_bytes));
+    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
+    const dim3 grid((unsigned)sp.splits, NH, B);
+    if (cl_splits && sp.splits > 1)
+        return launch_pdl_cluster(kern_cl, grid, dim3(kThreads), 0, (unsigned)sp.splits, stream, nr, kc, vc, out,
+                                  (unsigned *)nullptr, (float *)nullptr, pos, pos_device, NH, HS, max_seq, sp.chunk,
+                                  scale_log2);
     cudaError_t e;
     if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
-    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
-    return launch_pdl(kern, dim3((unsigned)sp.splits, NH, B), dim3(kThreads), 0, stream, nr, kc, vc, out, counters,
-                      part, pos, pos_device, NH, HS, max_seq, sp.chunk, scale_log2);
+    return launch_pdl(kern, grid, dim3(kThreads), 0, stream, nr, kc, vc, out, counters, part, pos, pos_device, NH, HS,
+                      max_seq, sp.chunk, scale_log2);
 }
 
 // attn_decode1 needs whole 16-byte chunks: HS and the row stride multiples of 16 bytes, every base

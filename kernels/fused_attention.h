@@ -13,7 +13,8 @@
 //   decode (T <= 4): flash-decoding. Each (b, h)'s keys are cut into chunks handled by separate
 //     blocks that write partial (max, sum, acc) into the workspace; the last of a head's blocks to
 //     finish merges them (one launch). So B=1 with a long cache still fills the GPU. T = 1 streams
-//     K and V rows straight into registers.
+//     K and V rows straight into registers, and on sm_90 and later a head's blocks (up to 16) form a
+//     cluster that merges in shared memory, without the workspace.
 // Any HS from 1 to 128 (HS = 64 is the tuned case), any B, NH, T, pos with pos + T <= max_seq.
 // Nothing is allocated per call, no host synchronisation: capturable in a CUDA graph.
 #pragma once
@@ -38,7 +39,7 @@ size_t fused_attention_workspace_size(int B, int num_heads, int head_size, int m
 // a bad shape: T < 0, pos < 0, pos + T > max_seq, head_size outside 1..128, ...; else the launch's).
 // `workspace` (device memory, workspace_bytes long) holds the flash-decoding partials: NULL / 0 is
 // allowed and still correct, but then each (b, h) of a decode step runs in one block (slower for
-// small B). The workspace is only touched by this call's kernels on `stream`.
+// small B), except where T = 1 merges inside a cluster. The workspace is only touched by this call's kernels on `stream`.
 // All pointers device memory, 16-byte aligned for the fast paths (cudaMalloc'd buffers are).
 // pos_device (decode, T <= 4, else cudaErrorInvalidValue): when not NULL the kernels read the
 // position from this device int as they run, so one captured CUDA graph serves every step; `pos`

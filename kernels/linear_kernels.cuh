@@ -36,6 +36,7 @@
 #include <cooperative_groups.h>
 #include <stdint.h>
 
+#include "cluster.cuh"
 #include "fused_ln_linear.h"  // LinearPath
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -856,25 +857,6 @@ __host__ __device__ constexpr int cl_smem_bytes(int MT, int NT, int AS, int KP) 
 __device__ __forceinline__ float &f8_ref(float4 (&v)[2], int q) {
     float4 &h = v[q / 4];
     return q % 4 == 0 ? h.x : q % 4 == 1 ? h.y : q % 4 == 2 ? h.z : h.w;
-}
-
-// The cluster barrier in halves. arrive.relaxed does not wait for this thread's loads in flight
-// (a release would: the weights), so it can be issued as soon as the block starts; wait acquires.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
-
-// The shared::cluster address of `smem` (this block's shared memory) in block `rank` of the cluster,
-// and a 16-byte store there.
-__device__ __forceinline__ uint32_t cluster_map(const void *smem, int rank) {
-    uint32_t a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(smem)), "r"(rank));
-    return a;
-}
-__device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
-    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
 }
 
 template <int MI, int G>

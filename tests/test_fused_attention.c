@@ -42,6 +42,11 @@ typedef struct {
 
 #define GUARD 256  // poisoned elements after the output
 
+// How one-token decode merges its splits (GPT2_ATTN_CLUSTER, kernels/fused_attention.cu): "" the
+// default (inside a cluster of up to 16 blocks on sm_90 and later, else through the workspace), "0"
+// through the workspace, "8" clusters of up to 8 (the portable size). Part of every case's name.
+static const char *merge = "";
+
 // fused_attention_qkv on the same case (decode of one token, bf16 prefill): q, k, v of the new tokens
 // packed as the qkv product's rows [B*T, 3C], the cache holding only the prefix (the new positions
 // NaN), the same workspace size and device position. Must give the output fused_attention gave (bit
@@ -52,9 +57,10 @@ static void check_qkv(const Case *c, DType dt, const void *hq, const void *hk, c
     const int B = c->B, T = c->T, pos = c->pos, NH = c->NH, HS = c->HS, S = c->max_seq, C = NH * HS;
     const size_t nq = (size_t)B * T * C, nkv = (size_t)B * NH * S * HS, es = dtype_size(dt);
     char name[200];
-    snprintf(name, sizeof name, "fused_attention_qkv %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s%s",
+    snprintf(name, sizeof name, "fused_attention_qkv %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s%s%s%s",
              dtype_name(dt), B, T, pos, NH, HS, S, c->amp > 1 ? " large" : "",
-             c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "", c->dev_pos ? " device-pos" : "");
+             c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "", c->dev_pos ? " device-pos" : "",
+             *merge ? " merge=" : "", merge);
     char *qkv = xmalloc(nq * 3 * es), *k0 = xmalloc(nkv * es), *v0 = xmalloc(nkv * es);
     memcpy(k0, hk, nkv * es);
     memcpy(v0, hv, nkv * es);
@@ -110,9 +116,10 @@ static int run_case(const Case *c, DType dt) {
     const int C = NH * HS;
     const size_t nq = (size_t)B * T * C, nkv = (size_t)B * NH * S * HS;
     const size_t es = dtype_size(dt);
-    char name[160];
-    snprintf(name, sizeof name, "fused_attention %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s", dtype_name(dt), B,
-             T, pos, NH, HS, S, c->amp > 1 ? " large" : "", c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "");
+    char name[200];
+    snprintf(name, sizeof name, "fused_attention %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s%s%s", dtype_name(dt),
+             B, T, pos, NH, HS, S, c->amp > 1 ? " large" : "", c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "",
+             *merge ? " merge=" : "", merge);
 
     float *q = xmalloc(nq * sizeof(float)), *k = xmalloc(nkv * sizeof(float)), *v = xmalloc(nkv * sizeof(float));
     for (size_t i = 0; i < nq; i++) q[i] = (float)(c->amp * urand());
@@ -302,6 +309,16 @@ int main(void) {
             if (quick && (i == ncases - 5 || i == ncases - 6)) continue;
             run_case(&cases[i], (DType)dt);
         }
+    // The one-token decode cases again under the other two merges.
+    static const char *other_merges[] = {"0", "8"};
+    for (int m = 0; m < 2; m++) {
+        merge = other_merges[m];
+        setenv("GPT2_ATTN_CLUSTER", merge, 1);
+        for (int dt = 0; dt < 2; dt++)
+            for (int i = 0; i < ncases; i++)
+                if (cases[i].T == 1) run_case(&cases[i], (DType)dt);
+    }
+    unsetenv("GPT2_ATTN_CLUSTER");
     check_bad_args();
     return test_exit_code();
 #endif

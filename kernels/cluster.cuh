@@ -1,0 +1,47 @@
+// Thread-block clusters (sm_90 on): the cluster barrier in halves and stores into another block's
+// shared memory (distributed shared memory), shared by the cluster GEMV (linear_kernels.cuh) and the
+// decode attention's in-cluster merge (fused_attention.cu). Callers launch the kernels that use
+// them only where the device has clusters; compiled for an older target they trap.
+//
+// barrier.cluster.wait waits for the cluster's non-exited threads to arrive (PTX ISA), so a block
+// may leave without arriving, and a block that has arrived may leave before the others wait.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CLUSTER_ASM(...) __trap()
+#else
+#define CLUSTER_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+// arrive.relaxed does not wait for this thread's loads in flight (a release would: the weights), so
+// it can be issued as soon as the block starts, as the "started" half of a barrier whose wait comes
+// before the first store into another block. arrive (release) makes this thread's stores, remote
+// ones included, visible to whoever waits (acquire) on the same phase.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    CLUSTER_ASM("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { CLUSTER_ASM("barrier.cluster.arrive.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { CLUSTER_ASM("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+// The shared::cluster address of `smem` (this block's shared memory) in block `rank` of the cluster,
+// and 16-byte and 4-byte stores there.
+__device__ __forceinline__ uint32_t cluster_map(const void *smem, int rank) {
+    uint32_t a = 0;
+    CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;"
+                : "=r"(a)
+                : "r"((uint32_t)__cvta_generic_to_shared(smem)), "r"(rank));
+    return a;
+}
+__device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
+    CLUSTER_ASM("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+                "r"(v.w)
+                : "memory");
+}
+__device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
+    CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
+#undef CLUSTER_ASM
