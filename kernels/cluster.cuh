@@ -27,7 +27,7 @@ __device__ __forceinline__ void cluster_arrive() { CLUSTER_ASM("barrier.cluster.
 __device__ __forceinline__ void cluster_wait() { CLUSTER_ASM("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 // The shared::cluster address of `smem` (this block's shared memory) in block `rank` of the cluster,
-// and 16-, 4- and 2-byte stores there.
+// and 16-byte and 4-byte stores there.
 __device__ __forceinline__ uint32_t cluster_map(const void *smem, int rank) {
     uint32_t a = 0;
     CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;"
@@ -42,9 +42,6 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
 }
 __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-__device__ __forceinline__ void st_cluster(uint32_t addr, unsigned short v) {
-    CLUSTER_ASM("st.shared::cluster.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }
 
 #undef CLUSTER_ASM

@@ -33,7 +33,6 @@
 // second warp group of a prefill block), -inf maxima are kept out of the exponents explicitly.
 #include "cluster.cuh"
 #include "fused_attention.h"
-#include "linear_kernels.cuh"  // the GEMV pieces of qkv_attn_decode1
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -42,7 +41,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace {
 
@@ -200,18 +198,23 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // 13"). Two barrier phases: every block arrives at the start ("started"), and waits on that phase
 // before its first remote store, so block 0 is running when the stores land; then the partials.
 // The blocks past the cache leave at once, which the barrier allows (kernels/cluster.cuh).
-// The body is decode1_block, shared with qkv_attn_decode1 below: block (split, h, b) of a grid of
-// `splits` blocks a head, whose this-head rows are q (HS elements), k_new / v_new (NULL: the cache
-// holds pos already) and out; wait() stands where the PDL wait goes. MERGE: how the splits meet.
 constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
-enum { MERGE_TICKET, MERGE_CLUSTER, MERGE_CLUSTER_STARTED };  // the last: "started" is known already
-template <typename E, int QIT, int MERGE, typename Wait>
-__device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const E *vnew, E *__restrict__ kc,
-                                              E *__restrict__ vc, E *outh, unsigned *__restrict__ counters,
-                                              float *__restrict__ part, int pos, bool early, int NH, int HS,
-                                              int max_seq, int chunk, int splits, float scale_log2, Wait wait) {
-    constexpr bool CL = MERGE != MERGE_TICKET;
-    constexpr bool NEW_IN_SHARED = MERGE == MERGE_CLUSTER_STARTED;  // qkv_attn_decode1's q, k_new, v_new
+template <typename E, int QIT, bool CL>
+__global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
+                                                         E *__restrict__ out, unsigned *__restrict__ counters,
+                                                         float *__restrict__ part, int pos,
+                                                         const int *__restrict__ pos_device, int NH, int HS,
+                                                         int max_seq, int chunk, float scale_log2) {
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
+    pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
+    if constexpr (CL) cluster_arrive_relaxed();  // "started"
+    // A decode graph's position (the grid was laid out for the bound): copied before the step's
+    // first kernel, so it may be read before the wait.
+    if (pos_device) pos = *pos_device;
+    // The chunks that hold a key; the blocks past them leave now (a decode graph's grid covers the
+    // longest cache, and its empty blocks used to join the merge: docs/PERF.md, "Session 8").
+    const int splits = (pos + chunk) / chunk;
+    if ((int)blockIdx.x >= splits) return;
     constexpr int VW = 16 / sizeof(E);
     constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
     constexpr int NS = 16;                     // streams per block
@@ -226,6 +229,8 @@ __device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const 
     const size_t bh = (size_t)b * NH + h;
     const E *kb = kc + bh * max_seq * HS;
     const E *vb = vc + bh * max_seq * HS;
+    const E *knew = nr.k_new ? nr.k_new + (size_t)b * nr.ldq + h * HS : nullptr;
+    const E *vnew = nr.k_new ? nr.v_new + (size_t)b * nr.ldq + h * HS : nullptr;
 
     // This lane's chunks of the key and value rows of one key into slot u (zero past kend).
     uint4 kraw[U][QIT], vraw[U][QIT];
@@ -235,10 +240,7 @@ __device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const 
 #pragma unroll
         for (int it = 0; it < QIT; it++) {
             const int v = sub + it * 8;
-            if (NEW_IN_SHARED && key < kend && v < NV && fresh) {  // generic loads
-                kraw[u][it] = *reinterpret_cast<const uint4 *>(krow + v * VW);
-                vraw[u][it] = *reinterpret_cast<const uint4 *>(vrow + v * VW);
-            } else if (key < kend && v < NV) {
+            if (key < kend && v < NV) {
                 kraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(krow + v * VW));
                 vraw[u][it] = __ldg(reinterpret_cast<const uint4 *>(vrow + v * VW));
             } else {
@@ -247,10 +249,11 @@ __device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const 
             }
         }
     };
+    const bool early = pos_device != nullptr;
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (early) load_key(u, kbeg + u * NS + stream == pos ? kend : kbeg + u * NS + stream);
-    wait();  // q and the row at pos come from the kernel before
+    pdl_wait();  // q and the row at pos come from the kernel before
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (!early || kbeg + u * NS + stream == pos) load_key(u, kbeg + u * NS + stream);
@@ -264,7 +267,7 @@ __device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const 
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
         const int v = sub + it * 8;
-        if (v < NV) unpack16(qh + v * VW, qr[it]);
+        if (v < NV) unpack16(nr.q + (size_t)b * nr.ldq + h * HS + v * VW, qr[it]);
 #pragma unroll
         for (int e = 0; e < VW; e++) {
             qr[it][e] = v < NV ? qr[it][e] * scale_log2 : 0.f;
@@ -345,7 +348,8 @@ __device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const 
     }
     // The block's partial: the output itself when it is the only split; else into row `split` of
     // block 0's table (CL), or res for finish_split.
-    if constexpr (MERGE == MERGE_CLUSTER)
+    E *outh = out + (size_t)b * C + h * HS;
+    if constexpr (CL)
         if (splits > 1) cluster_wait();  // "started": block 0 is running
     for (int d = tid; d < HS; d += kThreads) {
         float num = 0.f;
@@ -371,130 +375,6 @@ __device__ __forceinline__ void decode1_block(const E *qh, const E *knew, const 
     if (tid == 0) { ms[0] = M; ls[0] = den; }
     __syncthreads();
     finish_split(part + bh * splits * ((size_t)HS + 2), counters + bh, outh, 1, HS, C, split, splits, res, ms, ls);
-}
-
-template <typename E, int QIT, bool CL>
-__global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
-                                                         E *__restrict__ out, unsigned *__restrict__ counters,
-                                                         float *__restrict__ part, int pos,
-                                                         const int *__restrict__ pos_device, int NH, int HS,
-                                                         int max_seq, int chunk, float scale_log2) {
-    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
-    pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
-    if constexpr (CL) cluster_arrive_relaxed();  // "started"
-    // A decode graph's position (the grid was laid out for the bound): copied before the step's
-    // first kernel, so it may be read before the wait.
-    if (pos_device) pos = *pos_device;
-    // The chunks that hold a key; the blocks past them leave now (a decode graph's grid covers the
-    // longest cache, and its empty blocks used to join the merge: docs/PERF.md, "Session 8").
-    const int splits = (pos + chunk) / chunk;
-    if ((int)blockIdx.x >= splits) return;
-    const size_t row = (size_t)blockIdx.z * nr.ldq + blockIdx.y * HS;
-    decode1_block<E, QIT, CL ? MERGE_CLUSTER : MERGE_TICKET>(
-        nr.q + row, nr.k_new ? nr.k_new + row : nullptr, nr.k_new ? nr.v_new + row : nullptr, kc, vc,
-        out + (size_t)blockIdx.z * NH * HS + blockIdx.y * HS, counters, part, pos, pos_device != nullptr, NH, HS,
-        max_seq, chunk, splits, scale_log2, [] { pdl_wait(); });
-}
-
-// ----------------------------------------------------------------------------
-// Batch-1 decode: the qkv product and the attention in one kernel (bf16, HS = 64, sm_90)
-//
-// Head h's attention needs only head h's 3 HS columns of the qkv product, so a cluster of 16
-// blocks a head computes those columns and then attends over the cache: the qkv -> attention
-// kernel boundary becomes a cluster barrier, and q and the new key and value never leave shared
-// memory. Block r of head h's cluster:
-//   1. before the PDL wait: its 12 rows of head h's [q | k | v] rows of W (3 a warp, whole rows in
-//      registers), gamma, and s_n, b'_n of the rows it stores; decode1_block's early K/V loads;
-//   2. after it: the row of x staged as gamma (x - c) and x - c around c = x[0], every warp's
-//      two-pass statistics (the GEMV's, linear_kernels.cuh), the 12 dot products and
-//      v = rstd (acc - dmean s_n) + b'_n (ln1 folded: docs/DESIGN.md), rounded to bf16 as the
-//      two-kernel route rounds q, k and v, stored into the q | k | v row of every block that
-//      attends; a cluster barrier;
-//   3. decode1_block over its chunk of the cache (64 keys a block up to 1024 keys), the row at pos
-//      from shared memory (and stored into the cache by the block that holds it), the splits
-//      merged in block 0.
-// The blocks past the cache do step 2 and leave.
-constexpr int kQkvAttnHS = 64;
-template <int KCH, int CS>  // 16-byte chunks a lane holds of a W row: C <= 256 KCH; CS blocks a head
-__global__ void __launch_bounds__(kThreads)
-qkv_attn_decode1(const float *__restrict__ x, const float *__restrict__ gamma, const bf16 *__restrict__ W,
-                 const float *__restrict__ s_fold, const float *__restrict__ b_fold, bf16 *__restrict__ kc,
-                 bf16 *__restrict__ vc, bf16 *__restrict__ out, int pos, const int *__restrict__ pos_device, int NH,
-                 int C, int max_seq, float scale_log2) {
-    constexpr int HS = kQkvAttnHS, WARPS = kThreads / 32;
-    constexpr int RPW = 3 * HS / CS / WARPS;  // rows of W a warp
-    constexpr int KP = 256 * KCH;
-    __shared__ __align__(16) float xs[KP], xr[KP], gs[KP];
-    __shared__ __align__(16) bf16 qkv_row[3 * HS];  // this head's q | k_new | v_new
-    TRACE_KERNEL_EXIT;
-    pdl_launch_dependents();
-    cluster_arrive_relaxed();  // "started"
-    if (pos_device) pos = *pos_device;
-    const int L = pos + 1, chunk = max(64, (L + 64 * CS - 1) / (64 * CS) * 64), splits = (L + chunk - 1) / chunk;
-    const int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-
-    // Row i of this warp: j = RPW (WARPS r + warp) + i of head h's [q | k | v], W row (j / HS) C + h HS + j % HS.
-    auto w_row = [&](int i) {
-        const int j = RPW * (WARPS * r + warp) + i;
-        return (j / HS) * C + h * HS + j % HS;
-    };
-    uint4 wv[KCH][RPW];
-#pragma unroll
-    for (int c = 0; c < KCH; c++)
-#pragma unroll
-        for (int i = 0; i < RPW; i++) wv[c][i] = lin::load_w16<bf16>(W, 3 * C, C, w_row(i), (32 * c + lane) * 8, true);
-    const float s_n = lane < RPW ? __ldg(s_fold + w_row(lane)) : 0.0f;
-    const float b_n = lane < RPW ? __ldg(b_fold + w_row(lane)) : 0.0f;
-    for (int k = 4 * tid; k < KP; k += 4 * kThreads)
-        *reinterpret_cast<float4 *>(gs + k) =
-            k < C ? __ldg(reinterpret_cast<const float4 *>(gamma + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    __syncthreads();
-
-    auto qkv = [&] {
-        pdl_wait();  // x comes from the kernel before
-        const float c0 = __ldg(x);
-        for (int k = 4 * tid; k < KP; k += 4 * kThreads) {
-            float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (k < C) {
-                const float4 v = __ldg(reinterpret_cast<const float4 *>(x + k));
-                d = make_float4(v.x - c0, v.y - c0, v.z - c0, v.w - c0);
-            }
-            const float4 g = *reinterpret_cast<const float4 *>(gs + k);
-            *reinterpret_cast<float4 *>(xr + k) = d;
-            *reinterpret_cast<float4 *>(xs + lin::xs_pos<bf16, float>(k)) =
-                make_float4(g.x * d.x, g.y * d.y, g.z * d.z, g.w * d.w);
-        }
-        __syncthreads();
-        const float2 st = lin::warp_ln_stats(xr, C, lane);  // (dmean, rstd)
-        float acc[1][RPW];
-#pragma unroll
-        for (int i = 0; i < RPW; i++) acc[0][i] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < KCH; c++) lin::gemv_fma<bf16, float, 1, RPW>(acc, wv[c], xs, KP, (32 * c + lane) * 8);
-        float mine = 0.0f;  // lane i < RPW: row i's sum
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            float v = acc[0][i];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            mine = lane == i ? v : mine;
-        }
-        const bf16 y = __float2bfloat16_rn(st.y * (mine - st.x * s_n) + b_n);
-        cluster_wait();  // "started": every block is running
-        if (lane < RPW) {
-            const int j = RPW * (WARPS * r + warp) + lane;
-            for (int q = 0; q < splits; q++) st_cluster(cluster_map(&qkv_row[j], q), __bfloat16_as_ushort(y));
-        }
-        cluster_arrive();  // release: this block's rows are visible to every block's wait
-        cluster_wait();    // q | k_new | v_new complete here
-    };
-    if (r >= splits) {
-        qkv();
-        return;
-    }
-    decode1_block<bf16, 1, MERGE_CLUSTER_STARTED>(qkv_row, qkv_row + HS, qkv_row + 2 * HS, kc, vc, out + h * HS,
-                                                  nullptr, nullptr, pos, pos_device != nullptr, NH, HS, max_seq,
-                                                  chunk, splits, scale_log2, qkv);
 }
 
 // Shared-memory layout of attn_decode, shared by host and device. Two K/V stages (the next tile's
@@ -1582,48 +1462,7 @@ cudaError_t launch_mma(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, i
     return launch_mma_hs<128>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
-// qkv_attn_decode1's instance for a row of C (0: none, C > 256 x 7) and whether its clusters of 16
-// fit on this device.
-typedef void (*QkvAttnKernel)(const float *, const float *, const bf16 *, const float *, const float *, bf16 *, bf16 *,
-                              bf16 *, int, const int *, int, int, int, float);
-template <int CS> QkvAttnKernel qkv_attn_kernel_cs(int C) {
-    if (C <= 256 * 3) return qkv_attn_decode1<3, CS>;
-    if (C <= 256 * 4) return qkv_attn_decode1<4, CS>;
-    if (C <= 256 * 5) return qkv_attn_decode1<5, CS>;
-    if (C <= 256 * 7) return qkv_attn_decode1<7, CS>;
-    return nullptr;
-}
-int qkv_attn_cs() {
-    const char *env = getenv("GPT2_QKV_ATTENTION");
-    return env && !strcmp(env, "8") ? 8 : 16;
-}
-QkvAttnKernel qkv_attn_kernel(int C) {
-    return qkv_attn_cs() == 8 ? qkv_attn_kernel_cs<8>(C) : qkv_attn_kernel_cs<16>(C);
-}
-
 }  // namespace
-
-extern "C" int fused_qkv_attention_takes(DType dtype, int B, int T, int num_heads, int head_size) {
-    const int C = num_heads * head_size;
-    const QkvAttnKernel kern = qkv_attn_kernel(C);
-    return dtype == DTYPE_BF16 && B == 1 && T == 1 && head_size == kQkvAttnHS && C % 8 == 0 && kern &&
-           decode_cluster_splits(kern) >= qkv_attn_cs();
-}
-
-extern "C" int fused_qkv_attention(const float *x, const float *ln_gamma, const void *qkv_w, const float *qkv_s,
-                                   const float *qkv_b, void *k_cache, void *v_cache, void *out, int pos,
-                                   const int *pos_device, int num_heads, int max_seq, cudaStream_t stream) {
-    const int NH = num_heads, C = NH * kQkvAttnHS;
-    if (!fused_qkv_attention_takes(DTYPE_BF16, 1, 1, NH, kQkvAttnHS) || pos < 0 || pos >= max_seq || !x || !ln_gamma ||
-        !qkv_w || !qkv_s || !qkv_b || !k_cache || !v_cache || !out || !aligned16(x) || !aligned16(ln_gamma) ||
-        !aligned16(qkv_w) || !aligned16(k_cache) || !aligned16(v_cache) || !aligned16(out) || NH > 65535)
-        return (int)cudaErrorInvalidValue;
-    const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)kQkvAttnHS));
-    const int cs = qkv_attn_cs();
-    return (int)launch_pdl_cluster(qkv_attn_kernel(C), dim3(cs, NH, 1), dim3(kThreads), 0, cs, stream, x, ln_gamma, static_cast<const bf16 *>(qkv_w), qkv_s,
-                                   qkv_b, static_cast<bf16 *>(k_cache), static_cast<bf16 *>(v_cache),
-                                   static_cast<bf16 *>(out), pos, pos_device, NH, C, max_seq, scale_log2);
-}
 
 extern "C" size_t fused_attention_workspace_size(int B, int num_heads, int head_size, int max_seq) {
     if (B <= 0 || num_heads <= 0 || head_size <= 0 || max_seq <= 0) return 0;

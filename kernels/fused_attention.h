@@ -63,19 +63,6 @@ int fused_attention_qkv(const void *qkv, void *k_cache, void *v_cache, void *out
                         const int *pos_device, int num_heads, int head_size, int max_seq, void *workspace,
                         size_t workspace_bytes, cudaStream_t stream);
 
-// Batch-1 decode's qkv product and attention in one launch (a cluster of 16 blocks a head; sm_90,
-// bf16, head_size 64, C = num_heads * 64 <= 1792): for the one sequence's token at pos,
-//   q | k | v = ln1(x) @ qkv_w^T + qkv_b    (ln1 folded: qkv_s, qkv_b as fused_ln_linear's s and b')
-// then attention as fused_attention (q's head h against cache positions 0..pos, the new key and
-// value stored into the cache at pos), out [C] bf16. x: the residual row, fp32 [C]; ln_gamma: ln1's
-// weight; qkv_w: [3C, C] bf16. pos_device as in fused_attention (pos is then its bound). Every
-// pointer 16-byte aligned. Where fused_qkv_attention_takes is 0 (another shape or dtype, no sm_90,
-// clusters of 16 that do not fit, GPT2_ATTN_CLUSTER=0): cudaErrorInvalidValue, nothing launched.
-int fused_qkv_attention_takes(DType dtype, int B, int T, int num_heads, int head_size);
-int fused_qkv_attention(const float *x, const float *ln_gamma, const void *qkv_w, const float *qkv_s,
-                        const float *qkv_b, void *k_cache, void *v_cache, void *out, int pos, const int *pos_device,
-                        int num_heads, int max_seq, cudaStream_t stream);
-
 // The unfused baseline's middle step, for tests/bench_fused_attention.c only (its cuBLAS products
 // around it live in the bench): probs[r][j] = softmax_j(scale * scores[r][j]) over j <= pos + r % T,
 // 0 for the rest of the row; scores fp32 [rows][Tk], probs dtype [rows][Tk], rows = B*NH*T.

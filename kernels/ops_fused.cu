@@ -3,8 +3,6 @@
 //   attn_in    fused_ln_linear: ln1 folded into qkv (docs/DESIGN.md), q -> s->q [M, C], k/v straight
 //              into the cache at pos..pos+T-1
 //   attention  fused_attention: flash prefill / flash-decoding over the cache, out -> s->atty [M, C]
-//              (batch-1 decode on sm_90: attn_in does nothing and this op runs the qkv product and
-//              the attention as one kernel, fused_qkv_attention)
 //   attn_out   linear_residual: x += atty @ attprojw^T + attprojb
 //   mlp_in     fused_ln_linear: h = gelu(ln2(x) @ fcw^T + fcb)
 //   mlp_out    linear_residual: x += h @ fcprojw^T + fcprojb
@@ -80,19 +78,8 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
     return st->M > fused_rows(s, LINEAR_OP_LN) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
-// Batch-1 decode's qkv product runs inside the attention's kernel (fused_qkv_attention: a cluster
-// of 16 blocks a head, sm_90) where the device and the shapes allow: the qkv -> attention kernel
-// boundary becomes a cluster barrier (docs/PERF.md, "Session 13"). GPT2_QKV_ATTENTION=0 keeps the
-// two kernels, to measure one against the other; read at every call. The one place both ops ask.
-static int qkv_in_attention(const GpuState *s, const GpuStep *st) {
-    const char *env = getenv("GPT2_QKV_ATTENTION");
-    return !(env && !strcmp(env, "0")) && st->M <= fused_rows(s, LINEAR_OP_LN) &&
-           fused_qkv_attention_takes(s->dtype, st->B, st->T, s->NH, s->HS);
-}
-
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (qkv_in_attention(s, st)) return 0;  // fused_attention_op runs it
     if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
@@ -117,11 +104,6 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     const GpuLayer *ly = &s->layers[l];
     // In a decode graph the position is read on the device; the host's only bounds it.
     const int pos = st->pos_device ? s->max_seq - st->T : st->pos;
-    if (qkv_in_attention(s, st)) {
-        FUSED_TRY(fused_qkv_attention(s->x, ly->ln1w, ly->qkvw, ly->qkv_s, ly->qkv_b, ly->k_cache, ly->v_cache, s->atty,
-                                      pos, st->pos_device, s->NH, s->max_seq, s->stream));
-        return 0;
-    }
     if (attention_reads_qkv(s, st)) {
         FUSED_TRY(fused_attention_qkv(s->scratch, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos,
                                       st->pos_device, s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes,

@@ -24,7 +24,6 @@
 #include <cuda_runtime_api.h>
 
 #include "fused_attention.h"
-#include "fused_ln_linear.h"
 
 static uint64_t rng_state;
 static double urand(void) {  // uniform in [-1, 1)
@@ -231,108 +230,6 @@ done:
     return 0;
 }
 
-// fused_qkv_attention (batch-1 decode's qkv product and attention in one kernel) against the two
-// kernels it replaces on the same inputs: fused_ln_linear into q and the cache, then
-// fused_attention. ln1's affine folded on the host (s_n = sum_k W_nk gamma_k, b'_n = sum_k W_nk
-// beta_k + b_n, W as stored: bf16), given to both. Both round q, k and v to bf16 after
-// summing in different orders, so an element may differ by one bf16 step there, and the output by
-// what that moves: rel_l2 <= 1e-2 on the output and on the new cache rows; the rest of the cache
-// (NaN past pos) and a poisoned guard after the output must be untouched. `large`: x with a mean
-// of 40 against a spread of 1 and four channels at +-300 (GPT-2's residual stream has such
-// channels), where a one-pass variance would lose the statistics.
-static void check_qkv_attention(int NH, int pos, int max_seq, int dev_pos, int large) {
-    const int HS = 64, C = NH * HS, N = 3 * C;
-    char name[160];
-    snprintf(name, sizeof name, "fused_qkv_attention NH=%d pos=%d max_seq=%d%s%s", NH, pos, max_seq,
-             dev_pos ? " device-pos" : "", large ? " large" : "");
-    if (!fused_qkv_attention_takes(DTYPE_BF16, 1, 1, NH, HS)) {
-        test_skip(name, "the device has no clusters of 16 (sm_90 and later)");
-        return;
-    }
-    const size_t nkv = (size_t)NH * max_seq * HS;
-    float *x = xmalloc(C * sizeof(float)), *ln = xmalloc(2 * C * sizeof(float)), *fold = xmalloc(2 * N * sizeof(float));
-    uint16_t *w = xmalloc((size_t)N * C * 2), *kv = xmalloc(2 * nkv * 2);
-    for (int k = 0; k < C; k++) {
-        x[k] = (float)(large ? 40.0 + urand() + (k % 197 == 5 ? 300.0 * (k % 2 ? 1 : -1) : 0.0) : urand());
-        ln[k] = (float)(1.0 + 0.1 * urand());  // gamma
-        ln[C + k] = (float)(0.1 * urand());    // beta
-    }
-    for (size_t i = 0; i < (size_t)N * C; i++) w[i] = float_to_bf16((float)(0.05 * urand()));
-    for (int n = 0; n < N; n++) {
-        double sn = 0, bn = 0.1 * urand();
-        for (int k = 0; k < C; k++) {
-            const double wk = bf16_to_float(w[(size_t)n * C + k]);
-            sn += wk * ln[k], bn += wk * ln[C + k];
-        }
-        fold[n] = (float)sn, fold[N + n] = (float)bn;
-    }
-    for (size_t i = 0; i < 2 * nkv; i++)
-        kv[i] = (int)(i % nkv / HS % max_seq) < pos ? float_to_bf16((float)urand()) : 0xffff;  // NaN from pos on
-    void *dw = NULL, *dk[2] = {NULL, NULL}, *dv[2] = {NULL, NULL}, *dq = NULL, *dout[2] = {NULL, NULL}, *dws = NULL;
-    float *dx = NULL, *dln = NULL, *dfold = NULL;
-    int *dpos = NULL;
-    const size_t ws_bytes = fused_attention_workspace_size(1, NH, HS, max_seq), out_bytes = (C + GUARD) * 2;
-    int ok = cudaMalloc(&dw, (size_t)N * C * 2) == cudaSuccess && cudaMalloc((void **)&dx, C * 4) == cudaSuccess &&
-             cudaMalloc((void **)&dln, 2 * C * 4) == cudaSuccess &&
-             cudaMalloc((void **)&dfold, 2 * N * 4) == cudaSuccess && cudaMalloc(&dq, C * 2) == cudaSuccess &&
-             cudaMalloc(&dws, ws_bytes) == cudaSuccess && cudaMemset(dws, 0, ws_bytes) == cudaSuccess &&
-             cudaMalloc((void **)&dpos, sizeof(int)) == cudaSuccess &&
-             cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dw, w, (size_t)N * C * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dx, x, C * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dln, ln, 2 * C * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dfold, fold, 2 * N * 4, cudaMemcpyHostToDevice) == cudaSuccess;
-    for (int r = 0; r < 2 && ok; r++)  // route 0: the two kernels; route 1: the one
-        ok = cudaMalloc(&dk[r], nkv * 2) == cudaSuccess && cudaMalloc(&dv[r], nkv * 2) == cudaSuccess &&
-             cudaMalloc(&dout[r], out_bytes) == cudaSuccess && cudaMemset(dout[r], 0xff, out_bytes) == cudaSuccess &&
-             cudaMemcpy(dk[r], kv, nkv * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
-             cudaMemcpy(dv[r], kv + nkv, nkv * 2, cudaMemcpyHostToDevice) == cudaSuccess;
-    int rc[3] = {-1, -1, -1};
-    if (ok) {
-        const QKVDest dst = {dq, dk[0], dv[0], 1, pos, NH, HS, max_seq, NULL};
-        rc[0] = fused_ln_linear(dx, dln, dw, DTYPE_BF16, dfold, dfold + N, NULL, DTYPE_BF16, 1, N, C, ACT_NONE, &dst, 0);
-        rc[1] = fused_attention(dq, dk[0], dv[0], dout[0], DTYPE_BF16, 1, 1, pos, NULL, NH, HS, max_seq, dws, ws_bytes, 0);
-        rc[2] = fused_qkv_attention(dx, dln, dw, dfold, dfold + N, dk[1], dv[1], dout[1], dev_pos ? max_seq - 1 : pos,
-                                    dev_pos ? dpos : NULL, NH, max_seq, 0);
-    }
-    const cudaError_t se = cudaDeviceSynchronize();
-    uint16_t *out = xmalloc(2 * out_bytes), *cache = xmalloc(4 * nkv * 2);
-    for (int r = 0; r < 2 && ok; r++)
-        ok = cudaMemcpy(out + r * (out_bytes / 2), dout[r], out_bytes, cudaMemcpyDeviceToHost) == cudaSuccess &&
-             cudaMemcpy(cache + 2 * r * nkv, dk[r], nkv * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
-             cudaMemcpy(cache + (2 * r + 1) * nkv, dv[r], nkv * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
-    if (!ok || rc[0] || rc[1] || rc[2] || se != cudaSuccess) {
-        CHECK(0, name, "setup %d, returned %d %d %d, sync %s", ok, rc[0], rc[1], rc[2], cudaGetErrorString(se));
-    } else {
-        double e_out = 0, r_out = 0, e_new = 0, r_new = 0;
-        size_t guard_hit = 0, old_differ = 0;
-        for (int d = 0; d < C + GUARD; d++) {
-            const double a = bf16_to_float(out[d]), b = bf16_to_float(out[out_bytes / 2 + d]);
-            if (d >= C) guard_hit += !isnan(b);
-            else e_out += (b - a) * (b - a), r_out += a * a;
-        }
-        for (size_t i = 0; i < 2 * nkv; i++) {
-            const uint16_t a = cache[i], b = cache[2 * nkv + i];
-            if ((int)(i % nkv / HS % max_seq) == pos) {
-                const double fa = bf16_to_float(a), fb = bf16_to_float(b);
-                e_new += (fb - fa) * (fb - fa), r_new += fa * fa;
-            } else {
-                old_differ += a != b;
-            }
-        }
-        const double rel_out = sqrt(e_out / (r_out > 0 ? r_out : 1)), rel_new = sqrt(e_new / (r_new > 0 ? r_new : 1));
-        CHECK(rel_out <= 1e-2 && rel_new <= 1e-2 && guard_hit == 0 && old_differ == 0, name,
-              "against the two kernels: output rel_l2 %.3g, new cache rows %.3g (tol 1e-2), %zu written past the "
-              "output, %zu other cache elements changed", rel_out, rel_new, guard_hit, old_differ);
-        if (rel_out <= 1e-2 && rel_new <= 1e-2) printf("  %s: rel_l2 %.3g, new cache rows %.3g\n", name, rel_out, rel_new);
-    }
-    cudaFree(dw), cudaFree(dx), cudaFree(dln), cudaFree(dfold), cudaFree(dq), cudaFree(dws);
-    cudaFree(dpos);
-    for (int r = 0; r < 2; r++) cudaFree(dk[r]), cudaFree(dv[r]), cudaFree(dout[r]);
-    cudaGetLastError();
-    free(x), free(ln), free(fold), free(w), free(kv), free(out), free(cache);
-}
-
 static void check_bad_args(void) {
     void *p = (void *)16;  // never dereferenced: the shape is refused first, or T = 0 does nothing
     int rc1 = fused_attention(p, p, p, p, DTYPE_F32, 1, 4, 10, NULL, 2, 64, 12, NULL, 0, 0);
@@ -422,13 +319,6 @@ int main(void) {
                 if (cases[i].T == 1) run_case(&cases[i], (DType)dt);
     }
     unsetenv("GPT2_ATTN_CLUSTER");
-    check_qkv_attention(12, 0, 64, 0, 0);       // one key
-    check_qkv_attention(12, 37, 1024, 1, 0);    // a decode graph's position, the grid for 1024
-    check_qkv_attention(12, 1023, 1024, 1, 0);  // full cache: 16 splits
-    check_qkv_attention(12, 700, 1024, 0, 1);   // large-magnitude x
-    check_qkv_attention(16, 300, 1024, 1, 1);   // C = 1024 (GPT-2 355M)
-    check_qkv_attention(20, 64, 100, 0, 0);     // C = 1280 (774M), 65 keys: two splits
-    check_qkv_attention(25, 900, 1024, 1, 1);   // C = 1600 (1558M): rows of 6.25 chunks a lane
     check_bad_args();
     return test_exit_code();
 #endif
