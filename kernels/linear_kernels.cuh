@@ -1124,16 +1124,7 @@ tc_kernel(const void *__restrict__ x_, long long ldx, const float *__restrict__ 
     // block stores rows of column pairs (coalesced), with one inlined copy of the epilogue.
     static_assert(BM * (BN + 4) * 4 <= tc_smem_bytes<BM, BN, BK, S, LN>(), "Cs fits");
     float *Cs = reinterpret_cast<float *>(smem_raw);
-    const int gid = lane / 4, tig = lane % 4;
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int j = 0; j < NI; j++) {
-                const int r = wm * WTM + i * 16 + gid + h * 8, c = wn * WTN + j * 8 + 2 * tig;
-                *reinterpret_cast<float2 *>(Cs + r * (BN + 4) + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+    store_acc(Cs + wm * WTM * (BN + 4) + wn * WTN, BN + 4, acc, lane);
     __syncthreads();
 #pragma unroll 1
     for (int idx = tid; idx < BM * BN / 2; idx += THREADS) {
