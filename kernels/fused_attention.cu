@@ -27,10 +27,11 @@
 // A split block writes its partial (max, sum, acc) to the workspace; the last block of a head to
 // finish (a counter per head) merges: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
 // No second launch. On sm_90 and later attn_decode1's splits of a head form one cluster and merge
-// in its first block's shared memory instead (no workspace, fence or counter). Causal tiles are never loaded: a query tile starting at q0 reads keys
-// < pos + q0 + (its size) only. Every query sees key 0, so a softmax that has seen tile 0 has a finite
-// maximum; where a stream may start on keys a query cannot see (a decode chunk past pos + t, the
-// second warp group of a prefill block), -inf maxima are kept out of the exponents explicitly.
+// in its first block's shared memory instead (no workspace, fence or counter). Causal tiles are
+// never loaded: a query tile starting at q0 reads keys < pos + q0 + (its size) only. Every query
+// sees key 0, so a softmax that has seen tile 0 has a finite maximum; where a stream may start on
+// keys a query cannot see (a decode chunk past pos + t, the second warp group of a prefill block),
+// -inf maxima are kept out of the exponents explicitly.
 #include "cluster.cuh"
 #include "fused_attention.h"
 #include "mma.cuh"
