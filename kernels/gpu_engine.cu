@@ -403,6 +403,13 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
     cudaGraph_t graph = NULL;
     cudaError_t end = cudaStreamEndCapture(stream, &graph);
     if (rc == 0 && end != cudaSuccess) rc = cuda_fail(err, end, "cudaStreamEndCapture", __FILE__, __LINE__);
+    const char *dot = getenv("GPT2_GRAPH_DOT");  // PREFIX: each captured graph to PREFIX.N.dot
+    if (rc == 0 && dot) {
+        static int captured;
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d.dot", dot, captured++);
+        CUDA_WARN(cudaGraphDebugDotPrint(graph, path, cudaGraphDebugDotFlagsVerbose));
+    }
     if (rc == 0) {
         cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
         if (inst != cudaSuccess) rc = cuda_fail(err, inst, "cudaGraphInstantiate", __FILE__, __LINE__);
@@ -708,3 +715,4 @@ extern "C" Engine *gpu_engine_create(const GPT2Model *model, const EngineOptions
     }
     return e;
 }
+

@@ -4,7 +4,10 @@
 // device-sampled decode step, bf16 against fp32, the LayerNorm-folded
 // vectors, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips
 // without a GPU.
+#include <glob.h>
 #include <math.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "test.h"
@@ -216,6 +219,28 @@ static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, in
     engine_free(inc);
 }
 
+// GPT2_GRAPH_DOT=PREFIX while one forward graph was captured: exactly one PREFIX.N.dot, naming the
+// forward's first kernel. The directory is removed.
+static void check_graph_dot(const char *name, const char *dir) {
+    char pattern[96], test[200];
+    snprintf(pattern, sizeof(pattern), "%s/g.*.dot", dir);
+    snprintf(test, sizeof(test), "%s GPT2_GRAPH_DOT", name);
+    glob_t found;
+    const int files = glob(pattern, 0, NULL, &found) == 0 ? (int)found.gl_pathc : 0;
+    int names_embedding = 0;
+    for (int i = 0; i < files; i++) {
+        FILE *f = fopen(found.gl_pathv[i], "r");
+        char line[4096];
+        while (f && fgets(line, sizeof(line), f))
+            if (strstr(line, "embedding_kernel")) names_embedding = 1;
+        if (f) fclose(f);
+        remove(found.gl_pathv[i]);
+    }
+    if (files) globfree(&found);
+    rmdir(dir);
+    CHECK(files == 1 && names_embedding, test, "%d graph files, embedding kernel named: %d", files, names_embedding);
+}
+
 // Forwards of a repeated shape (kernels/gpu_engine.cu, "Forward graphs"): the first runs eagerly, the
 // second is captured and replayed, later ones replay. Against an engine without graphs
 // (GPT2_FORWARD_GRAPH=0), bit for bit: three forwards of one shape after a cached prefix of P
@@ -241,17 +266,23 @@ static void check_forward_graph(const GPT2Model *m, const char *tag, DType dt, i
     int rc = 0, differ = 0;
     GpuGraphStats a = {0}, b = {0};
     Engine *both[2] = {plain, graphed};
+    char dot_dir[] = "/tmp/gpt2_graph_dot_XXXXXX", dot_prefix[64];
+    const int dot = mkdtemp(dot_dir) != NULL;
+    snprintf(dot_prefix, sizeof(dot_prefix), "%s/g", dot_dir);
     for (int e = 0; e < 2 && rc == 0; e++) {
         Engine *x = both[e];
         if (P > 0) rc = x->forward(x, tok, B, P, 0, NULL, 0, &err);
         if (e == 1) gpu_engine_graph_stats(x, &a);
+        if (e == 1 && dot) setenv("GPT2_GRAPH_DOT", dot_prefix, 1);  // the capture is written out
         for (int call = 0; call < 3 && rc == 0; call++) {
             float *out = e == 0 ? (call == 0 ? want : call == 2 ? want2 : got) : got;
             rc = x->forward(x, call == 2 ? other : tok + (size_t)B * P, B, T, P, out, 1, &err);
             if (rc == 0 && e == 1) differ += memcmp(got, call == 2 ? want2 : want, n * sizeof(float)) != 0;
         }
+        unsetenv("GPT2_GRAPH_DOT");
         if (e == 1) gpu_engine_graph_stats(x, &b);
     }
+    if (rc == 0 && dot) check_graph_dot(name, dot_dir);
     // One step after the graphed forwards: the cache at P .. P+T-1 holds `other`'s keys on both.
     for (int e = 0; e < 2 && rc == 0; e++) {
         rc = both[e]->forward(both[e], tok, B, 1, P + T, e == 0 ? want : got, 0, &err);
