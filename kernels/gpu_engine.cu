@@ -715,4 +715,3 @@ extern "C" Engine *gpu_engine_create(const GPT2Model *model, const EngineOptions
     }
     return e;
 }
-
