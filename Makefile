@@ -49,6 +49,7 @@ HOST_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(HOST_SRC))
 ifeq ($(GPU),1)
   CFLAGS     += -DGPT2_CUDA=1 -I$(CUDA_HOME)/include
   NVCCFLAGS  := -O3 -std=c++17 -lineinfo $(CUDA_ARCH) -Isrc -Ikernels -DGPT2_CUDA=1 \
+                -DGPT2_SM90A=$(if $(findstring compute_90a,$(CUDA_ARCH)),1,0) \
                 -Xcompiler -Wall,-Wextra --expt-relaxed-constexpr -Wno-deprecated-gpu-targets $(EXTRA_NVCCFLAGS)
   KERNEL_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(KERNEL_SRC))
   LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static \

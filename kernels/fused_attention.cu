@@ -12,7 +12,9 @@
 //                      warps of 16 rows in two groups of 4 (four from 512 keys) that take alternate
 //                      key tiles, each on its own named barrier, and merge their (max, sum, acc) at
 //                      the end, dividing the longest block's chain. The longest query tiles are
-//                      launched first.
+//                      launched first. On sm_90a with HS = 64 both products run on wgmma instead
+//                      (wgmma.cuh), a warpgroup's 64 rows at a time, K and V read by the tensor
+//                      cores straight from their 128-byte-swizzled tiles: 11-18% faster.
 //   attn_prefill_simt  fp32 (and bf16 with HS % 8 != 0), T > 4: the same tiling on fp32 FMAs.
 //                      128 threads hold a 4 (or 2) x 8 score micro-tile each; Q and K sit
 //                      transposed in shared memory so every inner-loop read is conflict-free.
@@ -36,12 +38,14 @@
 #include "fused_attention.h"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "wgmma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace {
 
@@ -828,17 +832,25 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // (BM = 16 MI QW per block); G groups of QW warps take alternate 64-key tiles of the block (each
 // group double-buffers its tiles through cp.async and syncs on its own named barrier) and merge their
 // (max, sum, acc) at the end, which divides the longest block's serial chain by G.
-template <int HSP, int MI, int QW, int G> struct MmaCfg {
+// WG (sm_90a, HS = 64): each four warps of a group are a warpgroup whose 64 rows multiply on wgmma,
+// K and V straight from their tiles in shared memory (no ldmatrix), so MI = 1 and QW is a multiple
+// of 4; the tiles then hold 128-byte rows under the 128-byte swizzle instead of padded rows.
+template <int HSP, int MI, int QW, int G, bool WG> struct MmaCfg {
     static_assert(G <= 4, "named barriers 1 to 4");
+    static_assert(!WG || (HSP == 64 && MI == 1 && QW % 4 == 0), "wgmma: 64-row warpgroups of HS = 64");
     static constexpr int BM = 16 * MI * QW;  // queries per block
     static constexpr int GT = 32 * QW;       // threads per group
     static constexpr int THREADS = GT * G;
-    static constexpr int MINB = THREADS <= 128 ? 2 : 1;  // blocks per SM the registers (<= 255) allow
-    static constexpr int ST = HSP + 8;  // 16 bytes of padding per row: ldmatrix rows hit distinct banks
+    // blocks per SM the registers allow: <= 255 a thread; wgmma's 128 (16 warps an SM) spill nothing
+    static constexpr int MINB = WG ? 512 / THREADS : THREADS <= 128 ? 2 : 1;
+    static constexpr int ST = HSP + 8;  // Q's rows: 16 bytes of padding, so ldmatrix rows hit distinct banks
+    static constexpr int KST = WG ? HSP : ST;  // K's and V's rows
     static constexpr int STAGES = HSP <= 64 ? 2 : 1;  // per group; 1 keeps HS = 128 under 99 KB (sm_86)
-    static constexpr size_t ktile = (size_t)64 * ST;  // elements of one 64-key K or V tile
+    static constexpr size_t ktile = (size_t)64 * KST;  // elements of one 64-key K or V tile
     static constexpr size_t group = 2 * STAGES * ktile;  // a group's K and V buffers
-    static constexpr size_t bytes = (BM * ST + G * group) * sizeof(bf16);  // Q, then each group's
+    static constexpr size_t qtile = WG ? (BM * ST + 511) / 512 * 512 : BM * ST;  // the swizzled tiles 1024-byte aligned
+    static constexpr size_t align = WG ? 1024 : 1;  // of the dynamic shared memory's start, with the slack
+    static constexpr size_t bytes = (qtile + G * group) * sizeof(bf16) + align - 1;  // Q, then each group's
     // a group's exchange (per thread: MI x (2 maxima, 2 sums, the accumulators)) fits in its buffers
     static constexpr int XV = MI * (4 + HSP / 2);
     static_assert(G == 1 || (size_t)XV * GT * sizeof(float) <= group * sizeof(bf16), "xch");
@@ -867,9 +879,17 @@ struct RowSrc {
     }
 };
 
-// ROWS rows of HS bf16 from src's rows r0.. into shared rows of stride ST through 16-byte cp.async
-// by NTHR threads (index i0), rows past rows_valid zero-filled, columns past HS untouched.
-template <int HSP, int ST, int ROWS, int NTHR>
+// Where 16-byte chunk c of row t of a tile of row stride ST starts: plain rows, or (SW) 64-element
+// rows under the 128-byte swizzle that wgmma reads (wgmma.cuh).
+template <int ST, bool SW> __device__ __forceinline__ int tile_at(int t, int c) {
+    static_assert(!SW || ST == 64, "swizzled rows are 128 bytes");
+    return SW ? t * 64 + ((c ^ (t & 7)) << 3) : t * ST + c * 8;
+}
+
+// ROWS rows of HS bf16 from src's rows r0.. into shared rows of stride ST (SW: swizzled) through
+// 16-byte cp.async by NTHR threads (index i0), rows past rows_valid zero-filled, columns past HS
+// untouched.
+template <int HSP, int ST, bool SW, int ROWS, int NTHR>
 __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, int rows_valid, int HS, int i0) {
     constexpr int CPR = HSP / 8;  // 16-byte chunks per padded row (4, 8, 12, 16)
     const bf16 *any = src.row(r0);  // a valid address for the zero-filled rows
@@ -879,12 +899,11 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
         static_assert(ROWS % RS == 0 || RS % ROWS == 0, "tile split");
         const int c = i0 % CPR, t0 = i0 / CPR;
         if (c * 8 >= HS || t0 >= ROWS) return;  // the padding columns were zeroed once
-        bf16 *d = dst + t0 * ST + c * 8;
 #pragma unroll
         for (int i = 0; i < (ROWS + RS - 1) / RS; i++) {
             const int t = t0 + i * RS;
             const bool ok = t < rows_valid;
-            cp_async16(d + i * RS * ST, ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
+            cp_async16(dst + tile_at<ST, SW>(t, c), ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
         }
     } else {
         static_assert(ROWS * CPR % NTHR == 0, "tile split");
@@ -893,22 +912,22 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
             const int u = i0 + i * NTHR, t = u / CPR, c = u % CPR;
             if (c * 8 < HS) {
                 const bool ok = t < rows_valid;
-                cp_async16(dst + t * ST + c * 8, ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
+                cp_async16(dst + tile_at<ST, SW>(t, c), ok ? src.row(r0 + t) + c * 8 : any, ok ? 16 : 0);
             }
         }
     }
 }
 
-// One warp's MI x 16 query rows against one 64-key tile (Kb, Vb in shared memory): S = Q K^T, the
-// online softmax, O += P V. qp = pos + the warp's first row + lane / 4: this thread's rows are
-// qp + 16 mi and qp + 16 mi + 8. MASK for the tiles that cross the diagonal, a separate copy of the
-// code so that the others carry no masking instructions.
-template <int HSP, int MI, bool MASK>
-__device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, const uint32_t (&qf)[MI][HSP / 16][4],
-                                            float (&o)[MI][HSP / 8][4], float (&m)[MI][2], float (&l)[MI][2],
-                                            int lane, int k0, int qp, float scale_log2) {
-    constexpr int ST = HSP + 8, NO = HSP / 8;
-    float s[MI][8][4];
+// One 64-key tile (Kb, Vb in shared memory) against a warp's MI x 16 query rows, in three steps:
+// S = Q K^T, the online softmax of S, O += P V. The accumulators of S are P's A fragment (the
+// layouts coincide), so P never touches shared memory. qp = pos + the warp's first row + lane / 4:
+// this thread's rows are qp + 16 mi and qp + 16 mi + 8.
+
+// S = Q K^T on mma.sync.
+template <int HSP, int MI>
+__device__ __forceinline__ void scores_mma(float (&s)[MI][8][4], const bf16 *Kb, const uint32_t (&qf)[MI][HSP / 16][4],
+                                           int lane) {
+    constexpr int ST = HSP + 8;
 #pragma unroll
     for (int n = 0; n < 8; n++) {
 #pragma unroll
@@ -924,7 +943,14 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
             }
         }
     }
+}
 
+// The online softmax of one tile's scores: s becomes P (unnormalised), m and l the running maxima
+// and sums, al the factors the accumulators must be scaled by. MASK for the tiles that cross the
+// diagonal, a separate copy of the code so that the others carry no masking instructions.
+template <int MI, bool MASK>
+__device__ __forceinline__ void softmax_tile(float (&s)[MI][8][4], float (&m)[MI][2], float (&l)[MI][2],
+                                             float (&al)[MI][2], int lane, int k0, int qp, float scale_log2) {
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
         if (MASK) {  // keys past L meet rows past T only (row r < T sees keys <= pos + r < L): never stored
@@ -949,8 +975,8 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
         const float mn0 = fmaxf(m[mi][0], mx0), mn1 = fmaxf(m[mi][1], mx1);
         const float ms0 = mn0 == -INFINITY ? 0.f : mn0 * scale_log2;
         const float ms1 = mn1 == -INFINITY ? 0.f : mn1 * scale_log2;
-        const float al0 = fast_exp2(fmaf(m[mi][0], scale_log2, -ms0));
-        const float al1 = fast_exp2(fmaf(m[mi][1], scale_log2, -ms1));
+        al[mi][0] = fast_exp2(fmaf(m[mi][0], scale_log2, -ms0));
+        al[mi][1] = fast_exp2(fmaf(m[mi][1], scale_log2, -ms1));
         m[mi][0] = mn0;
         m[mi][1] = mn1;
         float rs0 = 0.f, rs1 = 0.f;
@@ -963,37 +989,94 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
             rs0 += s[mi][n][0] + s[mi][n][1];
             rs1 += s[mi][n][2] + s[mi][n][3];
         }
-        l[mi][0] = l[mi][0] * al0 + rs0;
-        l[mi][1] = l[mi][1] * al1 + rs1;
+        l[mi][0] = l[mi][0] * al[mi][0] + rs0;
+        l[mi][1] = l[mi][1] * al[mi][1] + rs1;
+    }
+}
+
+template <int MI, int NO>
+__device__ __forceinline__ void rescale(float (&o)[MI][NO][4], const float (&al)[MI][2]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int n = 0; n < NO; n++) {
-            o[mi][n][0] *= al0;
-            o[mi][n][1] *= al0;
-            o[mi][n][2] *= al1;
-            o[mi][n][3] *= al1;
+            o[mi][n][0] *= al[mi][0];
+            o[mi][n][1] *= al[mi][0];
+            o[mi][n][2] *= al[mi][1];
+            o[mi][n][3] *= al[mi][1];
         }
-    }
+}
 
-    // O += P V: the accumulators of key blocks 2kc, 2kc+1 are the A fragment of keys 16kc..16kc+15
-    // (the layouts coincide), so P never touches shared memory.
+// P in bf16 as the A fragments of keys 16 kc .. 16 kc + 15: the accumulators of key blocks 2 kc
+// and 2 kc + 1.
+__device__ __forceinline__ void pack_p(uint32_t (&a)[4], const float (&s)[8][4], int kc) {
+    a[0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+    a[1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+    a[2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+    a[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+
+// The two products on wgmma (HS = 64), each issued as one committed group; the caller waits. The K
+// tile is read K-major (key n's row holds its 64 dimensions, 16 per MMA), the V tile N-major (key
+// k's row holds the 64 output columns; 16 keys per MMA).
+__device__ __forceinline__ void scores_wgmma(float (&s)[8][4], const bf16 *Kb, const uint32_t (&qf)[4][4]) {
+    const uint64_t kd = wgmma_desc_sw128(Kb);
+    wgmma_fence();
 #pragma unroll
-    for (int kc = 0; kc < 4; kc++) {
-        uint32_t a[MI][4];
+    for (int kk = 0; kk < 4; kk++) wgmma_m64n64k16<0>(s, qf[kk], kd + 2 * kk, kk > 0);
+    wgmma_commit();
+}
+__device__ __forceinline__ void pv_wgmma(float (&o)[8][4], uint32_t (&p)[4][4], const bf16 *Vb) {
+    const uint64_t vd = wgmma_desc_sw128(Vb);
+    wgmma_hold(p);
+    wgmma_hold(o);
+    wgmma_fence();
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            a[mi][0] = pack_bf16(s[mi][2 * kc][0], s[mi][2 * kc][1]);
-            a[mi][1] = pack_bf16(s[mi][2 * kc][2], s[mi][2 * kc][3]);
-            a[mi][2] = pack_bf16(s[mi][2 * kc + 1][0], s[mi][2 * kc + 1][1]);
-            a[mi][3] = pack_bf16(s[mi][2 * kc + 1][2], s[mi][2 * kc + 1][3]);
-        }
+    for (int kc = 0; kc < 4; kc++) wgmma_m64n64k16<1>(o, p[kc], vd + 128 * kc, true);
+    wgmma_commit();
+}
+
+// The three steps in a row, on mma.sync or (WG) wgmma. Issuing tile j's S before tile j - 1's P V
+// to overlap the softmax with the tensor cores (flash-attention 3's order) measured slower: 16.4
+// against 12.9 us at B = 1, T = 1024 (docs/PERF.md, "Session 15").
+template <int HSP, int MI, bool MASK, bool WG>
+__device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, const uint32_t (&qf)[MI][HSP / 16][4],
+                                            float (&o)[MI][HSP / 8][4], float (&m)[MI][2], float (&l)[MI][2],
+                                            int lane, int k0, int qp, float scale_log2) {
+    constexpr int ST = HSP + 8;
+    float s[MI][8][4], al[MI][2];
+    if constexpr (WG) {
+        scores_wgmma(s[0], Kb, qf[0]);
+        wgmma_wait<0>();
+        wgmma_hold(s[0]);
+    } else {
+        scores_mma<HSP, MI>(s, Kb, qf, lane);
+    }
+    softmax_tile<MI, MASK>(s, m, l, al, lane, k0, qp, scale_log2);
+    rescale(o, al);
+    if constexpr (WG) {
+        uint32_t p[4][4];
 #pragma unroll
-        for (int nd = 0; nd < HSP / 16; nd++) {
-            uint32_t vf[4];
-            ldmatrix_x4_trans(vf, Vb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + nd * 16 + (lane >> 4) * 8);
+        for (int kc = 0; kc < 4; kc++) pack_p(p[kc], s[0], kc);
+        pv_wgmma(o[0], p, Vb);
+        wgmma_wait<0>();
+        wgmma_hold(o[0]);
+    } else {
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                mma_bf16_16816(o[mi][2 * nd], a[mi], vf[0], vf[1]);
-                mma_bf16_16816(o[mi][2 * nd + 1], a[mi], vf[2], vf[3]);
+        for (int kc = 0; kc < 4; kc++) {
+            uint32_t a[MI][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) pack_p(a[mi], s[mi], kc);
+#pragma unroll
+            for (int nd = 0; nd < HSP / 16; nd++) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf,
+                                  Vb + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + nd * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    mma_bf16_16816(o[mi][2 * nd], a[mi], vf[0], vf[1]);
+                    mma_bf16_16816(o[mi][2 * nd + 1], a[mi], vf[2], vf[3]);
+                }
             }
         }
     }
@@ -1001,20 +1084,22 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
 
 // The grid is (NH, B, query tiles), the z index reversed: blocks start in index order, so the
 // longest (last) query tiles of every head go first and the short ones fill the tail.
-template <int HSP, int MI, int QW, int G>
-__global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, MI, QW, G>::MINB)
+template <int HSP, int MI, int QW, int G, bool WG>
+__global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HSP, MI, QW, G, WG>::MINB)
     attn_prefill_mma(NewRows<bf16> nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T,
                      int pos, int NH, int HS, int max_seq, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
-    typedef MmaCfg<HSP, MI, QW, G> Cfg;
-    constexpr int BN = 64, BM = Cfg::BM, GT = Cfg::GT, ST = Cfg::ST, NK = HSP / 16, NO = HSP / 8;
+    typedef MmaCfg<HSP, MI, QW, G, WG> Cfg;
+    constexpr int BN = 64, BM = Cfg::BM, GT = Cfg::GT, ST = Cfg::ST, KST = Cfg::KST, NK = HSP / 16, NO = HSP / 8;
     constexpr int STAGES = Cfg::STAGES;
-    extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *Qs = reinterpret_cast<bf16 *>(smem);  // [BM][ST], then per group: K [STAGES][64][ST], V the same
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // Q [BM][ST], then per group: K [STAGES][64][KST], V the same; from a 1024-byte boundary for wgmma
+    unsigned char *smem = smem_raw + ((Cfg::align - __cvta_generic_to_shared(smem_raw) % Cfg::align) % Cfg::align);
+    bf16 *Qs = reinterpret_cast<bf16 *>(smem);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int grp = warp / QW, wq = warp % QW, gtid = tid % GT;
-    bf16 *Kg = Qs + BM * ST + grp * Cfg::group;
+    bf16 *Kg = Qs + Cfg::qtile + grp * Cfg::group;
     bf16 *Vg = Kg + STAGES * Cfg::ktile;
     const int h = blockIdx.x, b = blockIdx.y;
     const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
@@ -1027,7 +1112,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     const RowSrc vs = {vc + bh * max_seq * HS, nr.k_new ? nr.v_new + row0 * nr.ldq + h * HS : vc, HS, (int)nr.ldq,
                        split};
 
-    if (HS < HSP) {  // padding columns of every buffer: zero once, cp.async never writes them
+    if (!WG && HS < HSP) {  // padding columns of every buffer: zero once, cp.async never writes them
         const bf16 z = __float2bfloat16_rn(0.f);
         for (int u = tid; u < (int)(Cfg::bytes / sizeof(bf16) / ST) * (HSP - HS); u += Cfg::THREADS) {
             const int r = u / (HSP - HS), c = HS + u % (HSP - HS);
@@ -1036,7 +1121,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     }
     pdl_launch_dependents();  // kernels/pdl.cuh: the next grid (a cuBLASLt GEMM: not PDL'd) may be scheduled
     pdl_wait();               // q, k, v come from the kernel before
-    load_tile<HSP, ST, BM, Cfg::THREADS>(Qs, qs, q0, min(BM, T - q0), HS, tid);
+    load_tile<HSP, ST, false, BM, Cfg::THREADS>(Qs, qs, q0, min(BM, T - q0), HS, tid);
     cp_async_commit();
 
     const int kmax = min(L, pos + q0 + BM);
@@ -1044,8 +1129,8 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     const int nt = (ntiles - grp + G - 1) / G;  // this group's tiles: grp, grp + G, ...
     auto load_kv = [&](int j) {                 // the group's j-th tile
         const int k0 = (grp + G * j) * BN, rows = min(BN, L - k0), buf = j % STAGES;
-        load_tile<HSP, ST, 64, GT>(Kg + buf * Cfg::ktile, ks, k0, rows, HS, gtid);
-        load_tile<HSP, ST, 64, GT>(Vg + buf * Cfg::ktile, vs, k0, rows, HS, gtid);
+        load_tile<HSP, KST, WG, 64, GT>(Kg + buf * Cfg::ktile, ks, k0, rows, HS, gtid);
+        load_tile<HSP, KST, WG, 64, GT>(Vg + buf * Cfg::ktile, vs, k0, rows, HS, gtid);
         cp_async_commit();
     };
     if (nt > 0) load_kv(0);
@@ -1056,10 +1141,10 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
     auto store_own = [&](const bf16 *Kb, const bf16 *Vb, int k0) {
         const int lo = max(k0, own_lo), hi = min(k0 + BN, own_hi), cpr = HS / 8;
         for (int u = gtid; u < (hi - lo) * cpr; u += GT) {
-            const int r = lo + u / cpr, c = (u % cpr) * 8;
-            const size_t at = (bh * max_seq + r) * HS + c;
-            *reinterpret_cast<uint4 *>(kc + at) = *reinterpret_cast<const uint4 *>(Kb + (r - k0) * ST + c);
-            *reinterpret_cast<uint4 *>(vc + at) = *reinterpret_cast<const uint4 *>(Vb + (r - k0) * ST + c);
+            const int r = lo + u / cpr, c = u % cpr, in = tile_at<KST, WG>(r - k0, c);
+            const size_t at = (bh * max_seq + r) * HS + c * 8;
+            *reinterpret_cast<uint4 *>(kc + at) = *reinterpret_cast<const uint4 *>(Kb + in);
+            *reinterpret_cast<uint4 *>(vc + at) = *reinterpret_cast<const uint4 *>(Vb + in);
         }
     };
     if (nt > 0) cp_async_wait<1>(); else cp_async_wait<0>();  // Q landed (this thread's part)
@@ -1082,18 +1167,23 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
         l[mi][0] = l[mi][1] = 0.f;
     }
 
+    // Which tiles need the mask, and which none of the rows can see: decided per warp, or per
+    // warpgroup for wgmma (its four warps issue the same MMAs).
+    constexpr int DR = WG ? 64 : 16 * MI;
+    const int dr0 = WG ? q0 + wq / 4 * 64 : wr0;
     for (int j = 0; j < nt; j++) {
         const int buf = j % STAGES;
-        cp_async_wait<0>();      // tile j (this thread's part)
-        group_barrier<GT>(grp);  // everyone's; and the group is done with tile j - 1's buffer
+        cp_async_wait<0>();                // tile j (this thread's part)
+        if (WG) fence_proxy_async_smem();  // ... visible to wgmma
+        group_barrier<GT>(grp);            // everyone's; and the group is done with tile j - 1's buffer
         if (STAGES == 2 && j + 1 < nt) load_kv(j + 1);
         const bf16 *Kb = Kg + buf * Cfg::ktile, *Vb = Vg + buf * Cfg::ktile;
         const int k0 = (grp + G * j) * BN;
         if (nr.k_new && k0 + BN > own_lo) store_own(Kb, Vb, k0);
-        if (k0 + BN - 1 <= pos + wr0)  // below the diagonal for every row of the warp
-            attend_tile<HSP, MI, false>(Kb, Vb, qf, o, m, l, lane, k0, 0, scale_log2);
-        else if (k0 <= pos + wr0 + 16 * MI - 1)  // else no row of the warp sees a key of the tile
-            attend_tile<HSP, MI, true>(Kb, Vb, qf, o, m, l, lane, k0, pos + wr0 + (lane >> 2), scale_log2);
+        if (k0 + BN - 1 <= pos + dr0)  // below the diagonal for every row
+            attend_tile<HSP, MI, false, WG>(Kb, Vb, qf, o, m, l, lane, k0, 0, scale_log2);
+        else if (k0 <= pos + dr0 + DR - 1)  // else no row sees a key of the tile
+            attend_tile<HSP, MI, true, WG>(Kb, Vb, qf, o, m, l, lane, k0, pos + wr0 + (lane >> 2), scale_log2);
         if (STAGES == 1) {
             group_barrier<GT>(grp);  // the group is done with the buffer
             if (j + 1 < nt) load_kv(j + 1);
@@ -1123,7 +1213,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G>::THREADS, MmaCfg<HSP, M
         if (grp > 0) return;
 #pragma unroll
         for (int g = 1; g < G; g++) {
-            const float *x = reinterpret_cast<const float *>(Qs + BM * ST + g * Cfg::group);
+            const float *x = reinterpret_cast<const float *>(Qs + Cfg::qtile + g * Cfg::group);
 #pragma unroll
             for (int mi = 0; mi < MI; mi++) {
                 const float *xm = x + mi * (4 + 4 * NO) * GT;
@@ -1415,17 +1505,39 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
     return launch_simt<E, 128, 32>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
-template <int HSP, int MI, int QW, int G>
+template <int HSP, int MI, int QW, int G, bool WG = false>
 cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
                            int HS, int max_seq, cudaStream_t stream) {
-    typedef MmaCfg<HSP, MI, QW, G> Cfg;
-    auto kern = attn_prefill_mma<HSP, MI, QW, G>;
+    typedef MmaCfg<HSP, MI, QW, G, WG> Cfg;
+    auto kern = attn_prefill_mma<HSP, MI, QW, G, WG>;
     cudaError_t e = allow_smem(kern, Cfg::bytes);
     if (e != cudaSuccess) return e;
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     dim3 grid(NH, B, (T + Cfg::BM - 1) / Cfg::BM);
     return launch_pdl(kern, grid, dim3(Cfg::THREADS), Cfg::bytes, stream, nr, kc, vc, out, T, pos, NH, HS, max_seq,
                       scale_log2);
+}
+
+// The wgmma prefill runs where its sm_90a code does: compute capability 9.0, from a build that has
+// it (GPT2_SM90A, set by the Makefile from CUDA_ARCH), unless GPT2_ATTN_WGMMA=0 (read at every call,
+// so that tests run both kernels).
+bool wgmma_prefill_on() {
+#if GPT2_SM90A
+    static int cached[64];  // per device: 0 unknown, 1 no, 2 yes
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (!cached[dev]) {
+        int major = 0, minor = -1;
+        const bool sm90 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                          major == 9 && minor == 0;
+        cached[dev] = sm90 ? 2 : 1;
+    }
+    const char *env = getenv("GPT2_ATTN_WGMMA");
+    return cached[dev] == 2 && !(env && strcmp(env, "0") == 0);
+#else
+    return false;
+#endif
 }
 
 // HS <= 64: 128-query blocks of 4 warps, 32 rows each (two blocks per SM), when there are enough of
@@ -1437,13 +1549,27 @@ cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *ou
 // From 512 keys (HS <= 64, where the shared memory fits: 157 KB at HS = 64, 87 at 32) the 64-query
 // blocks take 16 warps in four groups instead, a quarter of the longest chain each: B = 1 at T = 512 /
 // 768 / 1024 9.64 / 13.19 / 16.65 -> 8.72 / 11.70 / 14.58 us (docs/PERF.md, "Session 7").
+// On wgmma (sm_90a, HS = 64) each warpgroup takes 64 rows of its own, at most 128 registers a thread
+// (16 warps an SM, no spills): 128-query blocks of two warpgroups where the grid is large, else the
+// same 64-query blocks over two or four groups. H200, us at T = 1024 / 512: B = 1 14.5 / 8.7 -> 12.9
+// / 7.6; B = 8 73.3 / 24.5 (the 128-query mma.sync blocks) -> 60.5 / 20.3, where 64-query blocks of
+// one warpgroup took 76.8 (three blocks an SM) / 21.5 (four); B = 8, T = 128 (two groups) 7.2 -> 5.2
+// (docs/PERF.md, "Session 15").
 template <int HSP>
 cudaError_t launch_mma_hs(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH, int HS,
                           int max_seq, cudaStream_t stream) {
+    const bool many = (long long)((T + 127) / 128) * NH * B >= 2LL * sm_count();
+    if constexpr (HSP == 64) {
+        if (HS == 64 && wgmma_prefill_on()) {
+            if (many) return launch_mma_cfg<64, 1, 8, 1, true>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+            if (pos + T >= 8 * 64 && MmaCfg<64, 1, 4, 4, true>::bytes <= (size_t)smem_optin())
+                return launch_mma_cfg<64, 1, 4, 4, true>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+            return launch_mma_cfg<64, 1, 4, 2, true>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+        }
+    }
     if constexpr (HSP <= 64) {
-        if ((long long)((T + 127) / 128) * NH * B >= 2LL * sm_count())
-            return launch_mma_cfg<HSP, 2, 4, 1>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
-        if (pos + T >= 8 * 64 && MmaCfg<HSP, 1, 4, 4>::bytes <= (size_t)smem_optin())
+        if (many) return launch_mma_cfg<HSP, 2, 4, 1>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
+        if (pos + T >= 8 * 64 && MmaCfg<HSP, 1, 4, 4, false>::bytes <= (size_t)smem_optin())
             return launch_mma_cfg<HSP, 1, 4, 4>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
     }
     return launch_mma_cfg<HSP, 1, 4, 2>(nr, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);

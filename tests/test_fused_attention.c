@@ -4,7 +4,8 @@
 // multiple of any tile, HS = 20..128, NH = 1..25, B = 1..64, scores of +-hundreds (a softmax
 // without a running max overflows there), no / too small workspace. Every one-token decode case and
 // every bf16 prefill case also runs through fused_attention_qkv (q, k, v read from the qkv product's
-// rows), which must match fused_attention bit for bit and fill the cache as the split does.
+// rows), which must match fused_attention bit for bit and fill the cache as the split does. On a
+// Hopper GPU the bf16 prefill cases of HS = 64 run on wgmma and then again on mma.sync.
 //
 // Tolerances (rel_l2 = |out - ref| / |ref| over the whole output):
 //   fp32  1e-5; 2e-4 for the large-magnitude cases, where q.k ~ 300 carries an fp32 rounding of
@@ -42,10 +43,12 @@ typedef struct {
 
 #define GUARD 256  // poisoned elements after the output
 
-// How one-token decode merges its splits (GPT2_ATTN_CLUSTER, kernels/fused_attention.cu): "" the
-// default (inside a cluster of up to 16 blocks on sm_90 and later, else through the workspace), "0"
-// through the workspace, "8" clusters of up to 8 (the portable size). Part of every case's name.
-static const char *merge = "";
+// The kernel choice a case runs under, part of its name: "" the defaults; "merge=0" / "merge=8" how
+// one-token decode merges its splits (GPT2_ATTN_CLUSTER, kernels/fused_attention.cu: by default
+// inside a cluster of up to 16 blocks on sm_90 and later, else through the workspace; 0 through the
+// workspace, 8 clusters of up to 8, the portable size); "wgmma=0" the bf16 prefill on mma.sync where
+// it would run on wgmma (GPT2_ATTN_WGMMA: HS = 64 on compute capability 9.0).
+static const char *setting = "";
 
 // fused_attention_qkv on the same case (decode of one token, bf16 prefill): q, k, v of the new tokens
 // packed as the qkv product's rows [B*T, 3C], the cache holding only the prefix (the new positions
@@ -60,7 +63,7 @@ static void check_qkv(const Case *c, DType dt, const void *hq, const void *hk, c
     snprintf(name, sizeof name, "fused_attention_qkv %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s%s%s%s",
              dtype_name(dt), B, T, pos, NH, HS, S, c->amp > 1 ? " large" : "",
              c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "", c->dev_pos ? " device-pos" : "",
-             *merge ? " merge=" : "", merge);
+             *setting ? " " : "", setting);
     char *qkv = xmalloc(nq * 3 * es), *k0 = xmalloc(nkv * es), *v0 = xmalloc(nkv * es);
     memcpy(k0, hk, nkv * es);
     memcpy(v0, hv, nkv * es);
@@ -119,7 +122,7 @@ static int run_case(const Case *c, DType dt) {
     char name[200];
     snprintf(name, sizeof name, "fused_attention %s B=%d T=%d pos=%d NH=%d HS=%d max_seq=%d%s%s%s%s", dtype_name(dt),
              B, T, pos, NH, HS, S, c->amp > 1 ? " large" : "", c->ws == 0 ? " no-ws" : c->ws == 2 ? " small-ws" : "",
-             *merge ? " merge=" : "", merge);
+             *setting ? " " : "", setting);
 
     float *q = xmalloc(nq * sizeof(float)), *k = xmalloc(nkv * sizeof(float)), *v = xmalloc(nkv * sizeof(float));
     for (size_t i = 0; i < nq; i++) q[i] = (float)(c->amp * urand());
@@ -312,13 +315,22 @@ int main(void) {
     // The one-token decode cases again under the other two merges.
     static const char *other_merges[] = {"0", "8"};
     for (int m = 0; m < 2; m++) {
-        merge = other_merges[m];
-        setenv("GPT2_ATTN_CLUSTER", merge, 1);
+        setting = m == 0 ? "merge=0" : "merge=8";
+        setenv("GPT2_ATTN_CLUSTER", other_merges[m], 1);
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < ncases; i++)
                 if (cases[i].T == 1) run_case(&cases[i], (DType)dt);
     }
     unsetenv("GPT2_ATTN_CLUSTER");
+    // The bf16 prefill cases of HS = 64 again on mma.sync, which Ampere and Ada run (on other
+    // devices the same kernel twice).
+    setting = "wgmma=0";
+    setenv("GPT2_ATTN_WGMMA", "0", 1);
+    for (int i = 0; i < ncases; i++)
+        if (cases[i].T > 4 && cases[i].HS == 64 && !(quick && (i == ncases - 5 || i == ncases - 6)))
+            run_case(&cases[i], DTYPE_BF16);
+    unsetenv("GPT2_ATTN_WGMMA");
+    setting = "";
     check_bad_args();
     return test_exit_code();
 #endif

@@ -1,0 +1,83 @@
+// Hopper's warpgroup MMA (wgmma, sm_90a only): the PTX wrappers the prefill attention uses
+// (fused_attention.cu). A warpgroup (four consecutive warps, 128 threads) multiplies a 64-row A,
+// here from registers, by a B tile in shared memory that a 64-bit descriptor locates, into fp32
+// accumulators, asynchronously: the MMAs are issued, committed as a group and waited for, and
+// only then are the accumulators read. Every thread of the warpgroup must issue the same wgmma.
+//
+// The register layouts are mma.sync's (mma.cuh), one warp per 16 rows: warp w of the warpgroup
+// holds rows 16 w.. of A as an m16k16 fragment (four bf16x2 registers) and the same rows of D as
+// its m16n8 accumulator tiles, one per 8 columns. So the softmax code that works on mma.sync's
+// accumulators works on these unchanged, and S's accumulators are P's A fragment as they are there.
+//
+// Compiled for any other target the wrappers trap: callers launch the kernels that use them only
+// on compute capability 9.0 from a build that has sm_90a code (GPT2_SM90A, set by the Makefile).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA_ASM(...) __trap()
+#else
+#define WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+// The descriptor of a bf16 tile of 64-element (128-byte) rows in shared memory under the 128-byte
+// swizzle: 16-byte chunk c of row r stored at chunk c ^ (r % 8) of its row, the tile 1024-byte
+// aligned (the hardware swizzles on address bits 4-6 against 7-9). Groups of 8 rows lie 1024 bytes
+// apart (the stride byte offset). Read K-major (a row is one n, its 64 elements along k: advance
+// 32 bytes, +2 here, per 16 k) or N-major (a row is one k, its 64 elements along n: advance
+// 16 rows, +128 here, per 16 k); with exactly 64 elements along the row dimension the leading
+// byte offset is never used either way.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *tile) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(tile);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// Orders this thread's register writes (accumulators, A fragments) before the wgmma that reads them.
+__device__ __forceinline__ void wgmma_fence() { WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed groups are in flight: their accumulators may then be read.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written through the generic proxy (st.shared, cp.async) made visible to wgmma's
+// async-proxy reads: each writing thread, after its writes land and before the barrier.
+__device__ __forceinline__ void fence_proxy_async_smem() { WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Pins registers at this point of the program: the compiler may not move their reads or writes
+// across it, so that the fence and the wait above bracket the accesses they are meant to.
+template <int N> __device__ __forceinline__ void wgmma_hold(float (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(r[i][e])::"memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_hold(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// d (64 x 64 fp32; this thread's eight m16n8 tiles) = (accumulate ? d : 0) + a (64 x 16 bf16, this
+// warp's m16k16 fragment) * B (16 x 64 bf16 in shared memory at b_desc; TRANS_B 0: K-major, 1:
+// N-major).
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b_desc,
+                                                bool accumulate) {
+    WGMMA_ASM(
+        "{\n.reg .pred acc;\nsetp.ne.b32 acc, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "{%32,%33,%34,%35}, %36, acc, 1, 1, %38;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate), "n"(TRANS_B));
+}
+
+#undef WGMMA_ASM
