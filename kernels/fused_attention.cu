@@ -1266,12 +1266,13 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
 // cannot be read.
 template <cudaDeviceAttr A> int device_attr(int fallback) {
     static int cached[64];
+    static bool known[64];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return fallback;
-    if (!cached[dev]) {
+    if (!known[dev]) {
         int n = 0;
-        if (cudaDeviceGetAttribute(&n, A, dev) != cudaSuccess || n <= 0) n = fallback;
-        cached[dev] = n;
+        cached[dev] = cudaDeviceGetAttribute(&n, A, dev) == cudaSuccess ? n : fallback;
+        known[dev] = true;
     }
     return cached[dev];
 }
@@ -1523,18 +1524,9 @@ cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *ou
 // so that tests run both kernels).
 bool wgmma_prefill_on() {
 #if GPT2_SM90A
-    static int cached[64];  // per device: 0 unknown, 1 no, 2 yes
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (!cached[dev]) {
-        int major = 0, minor = -1;
-        const bool sm90 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                          major == 9 && minor == 0;
-        cached[dev] = sm90 ? 2 : 1;
-    }
     const char *env = getenv("GPT2_ATTN_WGMMA");
-    return cached[dev] == 2 && !(env && strcmp(env, "0") == 0);
+    return device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9 &&
+           device_attr<cudaDevAttrComputeCapabilityMinor>(-1) == 0 && !(env && strcmp(env, "0") == 0);
 #else
     return false;
 #endif
