@@ -12,7 +12,7 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
     if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
     if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
-    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_WGMMA) return cudaErrorInvalidValue;
+    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_SKINNY) return cudaErrorInvalidValue;
     if (M == 0) return cudaSuccess;
     lin::Epilogue e = {};
     e.gelu = act == ACT_GELU;

@@ -63,9 +63,6 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //             later (else cudaErrorNotSupported): cluster GEMV, rows in slices of up to 64, K <= 2048
 //   SKINNY    bf16 plain linear only (linear_residual.h; with a LayerNorm cudaErrorInvalidValue): W
 //             in shared memory before the PDL wait, row tiles of up to 64
-//   WGMMA     bf16 only, compute capability 9.0 from a build with sm_90a code (else
-//             cudaErrorNotSupported): the tiles on wgmma (linear_wgmma.cuh); K and x's row stride
-//             whole 16-byte chunks, x and W 16-byte aligned (else cudaErrorInvalidValue)
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,
@@ -74,8 +71,7 @@ typedef enum {
     LINEAR_PATH_TILED_L = 4,
     LINEAR_PATH_GEMV_TC = 5,
     LINEAR_PATH_CLUSTER = 6,
-    LINEAR_PATH_SKINNY = 7,
-    LINEAR_PATH_WGMMA = 8
+    LINEAR_PATH_SKINNY = 7
 } LinearPath;
 
 // The engine's three kinds of linear op, for fused_linear_rows: a plain linear (the projections,

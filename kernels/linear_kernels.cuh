@@ -1491,8 +1491,6 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 
 }  // namespace lin
 
-#include "linear_wgmma.cuh"
-
 // ----------------------------------------------------------------------------
 // The dispatch both launchers share: LN = LayerNorm folded in (x fp32, gamma given), else a
 // plain linear with x in W's dtype. `path` is one of the LINEAR_PATH_* values of
@@ -1777,10 +1775,6 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     if (path == LINEAR_PATH_SKINNY) {  // a plain bf16 linear (x is bf16 already) whose K slices fit
         if (!skinny_ok) return cudaErrorInvalidValue;
         return launch_skinny((const bf16 *)x, ldx, (const bf16 *)W, M, N, K, splan, e, stream);
-    }
-    if (path == LINEAR_PATH_WGMMA) {  // bf16 on compute capability 9.0, whole 16-byte chunks
-        if (!w_bf16 || !wg_ok(K, ldx, x, W, gamma, LN, d)) return d.cc != 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;
-        return launch_wg<LN>(x, ldx, gamma, (const bf16 *)W, M, N, K, e, d, stream);
     }
     if (path == LINEAR_PATH_GEMV_TC) {
         if (!w_bf16) return cudaErrorInvalidValue;

@@ -75,18 +75,6 @@ static int has_clusters(void) {
     return major >= 9;
 }
 
-// The wgmma tiles (LINEAR_PATH_WGMMA) need compute capability 9.0 and a build with sm_90a code.
-static int has_wgmma(void) {
-    void *d;
-    CK(cudaMalloc(&d, 4096));
-    CK(cudaMemset(d, 0, 4096));
-    const int rc = linear_residual_ex(d, (char *)d + 1024, DTYPE_BF16, NULL, (float *)d + 512, 1, 8, 8,
-                                      LINEAR_PATH_WGMMA, stream);
-    CK(cudaStreamSynchronize(stream));
-    cudaFree(d);
-    return rc == 0;
-}
-
 // One variant: enqueue(set) runs it on input set `set`.
 typedef void (*EnqueueFn)(void *ctx, int set);
 
@@ -281,15 +269,12 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     float *ref = fetch(b.y, (size_t)M * N, dt);
     const double tol = dt == DTYPE_F32 ? 1e-5 : 2e-2;
 
-    const LinearPath paths[] = {LINEAR_PATH_AUTO,    LINEAR_PATH_GEMV,    LINEAR_PATH_TILED_XS,
-                                LINEAR_PATH_TILED_S, LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC,
-                                LINEAR_PATH_CLUSTER, LINEAR_PATH_WGMMA};
-    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc", "cluster", "wgmma"};
-    enum { NP = 8 };
-    Timing tf[NP];
-    int ran[NP] = {0};
-    for (int p = 0; p < NP; p++) {
-        if (paths[p] == LINEAR_PATH_WGMMA && (dt != DTYPE_BF16 || !has_wgmma())) continue;
+    const LinearPath paths[] = {LINEAR_PATH_AUTO,    LINEAR_PATH_GEMV,    LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
+                                LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER};
+    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc", "cluster"};
+    Timing tf[7];
+    int ran[7] = {0};
+    for (int p = 0; p < 7; p++) {
         if (paths[p] == LINEAR_PATH_GEMV_TC && (dt != DTYPE_BF16 || M > 512)) continue;
         if (paths[p] == LINEAR_PATH_CLUSTER && (dt != DTYPE_BF16 || M > 64 || !has_clusters())) continue;
         if (paths[p] == LINEAR_PATH_GEMV && M > 64) continue;  // slices of 16 rows: pointless beyond
@@ -309,7 +294,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     b.gemm_only = 0;
 
     int best = -1;
-    for (int p = 1; p < NP; p++)
+    for (int p = 1; p < 7; p++)
         if (ran[p] && (best < 0 || tf[p].graph_us < tf[best].graph_us)) best = p;
     const double bytes = (double)wbytes + xbytes + (double)M * N * dtype_size(dt);
     const double flops = 2.0 * M * N * K;
@@ -319,10 +304,6 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
            best >= 0 ? pname[best] : "-", best >= 0 ? tf[best].graph_us : -1, tb.graph_us, tb.eager_us, tg.graph_us,
            ran[0] ? tb.graph_us / tf[0].graph_us : 0, ran[0] ? bytes / tf[0].graph_us / 1e3 : 0,
            ran[0] ? flops / tf[0].graph_us / 1e6 : 0);
-    if (ran[7])
-        printf("%-4s %4d->%-4d M=%-5d | wgmma %8.2f us (eager %8.2f) | vs LN + cuBLASLt %5.2fx | %6.1f TFLOP/s\n",
-               dtype_name(dt), K, N, M, tf[7].graph_us, tf[7].eager_us, lt_ok ? tl.graph_us / tf[7].graph_us : 0,
-               flops / tf[7].graph_us / 1e6);
     if (lt_ok)
         printf("%-4s %4d->%-4d M=%-5d | LN + cuBLASLt epilogue %8.2f us (eager %8.2f) | vs unfused %5.2fx | vs fused "
                "auto %5.2fx | %6.0f GB/s %6.1f TFLOP/s\n",
@@ -330,7 +311,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
                ran[0] ? tf[0].graph_us / tl.graph_us : 0, bytes / tl.graph_us / 1e3, flops / tl.graph_us / 1e6);
     if (csv) {
         fprintf(csv, "ln,%s,%d,%d,%d", dtype_name(dt), K, N, M);
-        for (int p = 0; p < NP; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
+        for (int p = 0; p < 7; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
         fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f,lt,%.3f,%.3f\n", tb.graph_us, tb.eager_us,
                 tg.graph_us, tg.eager_us, copy_gbps, tl.graph_us, tl.eager_us);
         fflush(csv);
@@ -409,7 +390,7 @@ static void bench_res(int K, int N, DType dt, int M) {
     float *ref = res_delta(enqueue_res_unfused, &b, hr), *out = res_delta(enqueue_res_fused, &b, hr);
     float *out_lt = res_delta(enqueue_res_lt, &b, hr);
     const double e = rel_l2(out, ref, n), e_lt = rel_l2(out_lt, ref, n), tol = dt == DTYPE_F32 ? 1e-5 : 1e-2;
-    free(out), free(out_lt);
+    free(out), free(out_lt), free(ref);
     const double bytes = (double)wbytes + xbytes + 8.0 * M * N;
     const Timing tb = time_it(enqueue_res_unfused, &b, b.nsets);
     if (!(e <= tol)) {
@@ -429,25 +410,9 @@ static void bench_res(int K, int N, DType dt, int M) {
         printf("res  %-4s %4d->%-4d M=%-5d | cuBLASLt bias+residual epilogue %8.2f us (eager %8.2f) | vs cuBLAS + add "
                "%5.2fx | %6.0f GB/s\n",
                dtype_name(dt), K, N, M, tl.graph_us, tl.eager_us, tb.graph_us / tl.graph_us, bytes / tl.graph_us / 1e3);
-        if (dt == DTYPE_BF16 && has_wgmma()) {
-            b.path = LINEAR_PATH_WGMMA;
-            float *out_wg = res_delta(enqueue_res_fused, &b, hr);
-            const double e_wg = rel_l2(out_wg, ref, n);
-            free(out_wg);
-            if (!(e_wg <= tol)) {
-                printf("INVALID wgmma residual K=%d N=%d M=%d: rel_l2 %.3g: not timed\n", K, N, M, e_wg);
-            } else {
-                const Timing tw = time_it(enqueue_res_fused, &b, b.nsets);
-                printf("res  %-4s %4d->%-4d M=%-5d | wgmma %8.2f us (eager %8.2f) | vs cuBLASLt epilogue %5.2fx | "
-                       "%6.1f TFLOP/s\n",
-                       dtype_name(dt), K, N, M, tw.graph_us, tw.eager_us, tl.graph_us / tw.graph_us,
-                       2.0 * M * N * K / tw.graph_us / 1e6);
-            }
-            b.path = LINEAR_PATH_AUTO;
-        }
     }
     fflush(stdout);
-    free(ref), free(hw), free(hx), free(hbias), free(hr);
+    free(hw), free(hx), free(hbias), free(hr);
     for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
     free(b.W), free(b.x);
     cudaFree(b.bias), cudaFree(b.res), cudaFree(b.tmp);
@@ -513,14 +478,6 @@ int main(int argc, char **argv) {
             for (int mi = 0; mi < 6; mi++) bench_ln(shapes[si][0], shapes[si][1], DTYPE_BF16, Md[mi], csv);
         for (int si = 0; si < 2; si++)
             for (int mi = 0; mi < 6; mi++) bench_res(rshapes[si][0], rshapes[si][1], DTYPE_BF16, Md[mi]);
-        return 0;
-    }
-    if (argc == 2 && !strcmp(argv[1], "--prefill")) {  // bf16 at GPT-2 124M's many-row shapes
-        const int Mp[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
-        for (int mi = 0; mi < 8; mi++) bench_ln(768, 2304, DTYPE_BF16, Mp[mi], csv);
-        for (int mi = 0; mi < 8; mi++) bench_ln(768, 3072, DTYPE_BF16, Mp[mi], csv);
-        for (int si = 0; si < 2; si++)
-            for (int mi = 0; mi < 8; mi++) bench_res(rshapes[si][0], rshapes[si][1], DTYPE_BF16, Mp[mi]);
         return 0;
     }
     const int Ms[] = {1, 16, 64, 512, 4096};

@@ -152,7 +152,6 @@ static const char *path_name(LinearPath p) {
     case LINEAR_PATH_GEMV_TC: return "gemv_tc";
     case LINEAR_PATH_CLUSTER: return "cluster";
     case LINEAR_PATH_SKINNY: return "skinny";
-    case LINEAR_PATH_WGMMA: return "wgmma";
     default: return "auto";
     }
 }
@@ -170,17 +169,6 @@ static int path_rounding(LinearPath p, int M, DType wt, int K) {
         p = M <= 8 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
     }
     return p == LINEAR_PATH_GEMV ? 0 : (p == LINEAR_PATH_GEMV_TC || p == LINEAR_PATH_CLUSTER) ? 2 : 1;
-}
-
-// The wgmma tiles run on compute capability 9.0 from a build with sm_90a code: a one-row product
-// says whether this device and build have them (cudaErrorNotSupported when not).
-static int has_wgmma(void) {
-    float *d = dev_upload(NULL, 4096);
-    cuda_ok(cudaMemset(d, 0, 4096), "wgmma probe");
-    const int rc = linear_residual_ex(d, d + 256, DTYPE_BF16, NULL, d + 512, 1, 8, 8, LINEAR_PATH_WGMMA, 0);
-    cuda_ok(cudaDeviceSynchronize(), "wgmma probe");
-    cudaFree(d);
-    return rc == 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -513,56 +501,6 @@ int main(void) {
                               {64, 9, 5000},  {16, 768, 3072}, {8, 768, 768},   {24, 768, 768}};
     for (int si = small ? 2 : 0; si < 9; si++)
         run_res_case(sshapes[si][0], sshapes[si][1], sshapes[si][2], DTYPE_BF16, LINEAR_PATH_SKINNY, si == 1);
-    // The wgmma tiles (compute capability 9.0): every tile shape (GPT2_WG_TILE=wgs,nb) on partial
-    // row and column tiles with K's last step half full, with and without the LayerNorm, on
-    // outlier channels; then the planner's own pick at GPT-2's shapes (qkv with K/V into the cache,
-    // fc with GELU, both projections), long and short K, strided rows, and K not in whole 16-byte
-    // chunks (refused).
-    if (has_wgmma()) {
-        for (int wgs = 1; wgs <= 2; wgs++)
-            for (int nb = 1; nb <= 4; nb++) {
-                char tile[16];
-                snprintf(tile, sizeof tile, "%d,%d", wgs, nb);
-                setenv("GPT2_WG_TILE", tile, 1);
-                LnCase c = {0};
-                c.M = 130, c.N = 300, c.K = 96, c.wt = DTYPE_BF16, c.yt = nb % 2 ? DTYPE_BF16 : DTYPE_F32;
-                c.act = wgs == 1 ? ACT_GELU : ACT_NONE, c.data = nb <= 2 ? DATA_OUTLIER : DATA_OFFSET;
-                c.path = LINEAR_PATH_WGMMA;
-                run_ln_case(&c);
-                run_res_case(130, 300, 96, DTYPE_BF16, LINEAR_PATH_WGMMA, nb == 1);
-            }
-        unsetenv("GPT2_WG_TILE");
-        const int wshapes[][4] = {{256, 2304, 768, ACT_NONE}, {200, 3072, 768, ACT_GELU}, {1, 500, 1000, ACT_GELU},
-                                  {70, 64, 8, ACT_NONE}};
-        for (int si = small ? 2 : 0; si < 4; si++)
-            for (int d = DATA_NORMAL; d <= DATA_OUTLIER; d++) {
-                LnCase c = {0};
-                c.M = wshapes[si][0], c.N = wshapes[si][1], c.K = wshapes[si][2], c.act = (Activation)wshapes[si][3];
-                c.wt = DTYPE_BF16, c.yt = d == DATA_NORMAL ? DTYPE_F32 : DTYPE_BF16, c.data = d;
-                c.path = LINEAR_PATH_WGMMA;
-                run_ln_case(&c);
-            }
-        LnCase q = {0};  // a prefill step's qkv: B = 2, T = 65, K and V into the cache from position 3
-        q.K = 96, q.N = 288, q.qkv_nh = 3, q.wt = q.yt = DTYPE_BF16, q.data = DATA_OUTLIER, q.path = LINEAR_PATH_WGMMA;
-        q.qkv_T = 65, q.M = 130, q.qkv_pos = 3, q.qkv_max_seq = 80;
-        run_ln_case(&q);
-        LnCase st = {0};  // strided rows, fp32 logits
-        st.M = 40, st.N = 300, st.K = 96, st.ldx = 5 * 96, st.ldy = 307, st.wt = DTYPE_BF16, st.yt = DTYPE_F32;
-        st.path = LINEAR_PATH_WGMMA;
-        run_ln_case(&st);
-        const int wres[][3] = {{200, 768, 768}, {256, 768, 3072}, {64, 9, 5000}, {3, 77, 104}};
-        for (int si = small ? 2 : 0; si < 4; si++)
-            run_res_case(wres[si][0], wres[si][1], wres[si][2], DTYPE_BF16, LINEAR_PATH_WGMMA, si == 1);
-        float *d = dev_upload(NULL, 4096);
-        const int e1 = linear_residual_ex(d, d, DTYPE_BF16, d, d, 2, 8, 100, LINEAR_PATH_WGMMA, 0);
-        const int e2 = fused_ln_linear_ex(d, 8, d, d, DTYPE_F32, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL,
-                                          LINEAR_PATH_WGMMA, 0);
-        CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue, "fused linear wgmma refuses K % 8, fp32",
-              "got %d %d", e1, e2);
-        cudaFree(d);
-    } else {
-        test_skip("fused linear, wgmma path", "needs compute capability 9.0 and a build with sm_90a code");
-    }
     test_bad_args();
     return test_exit_code();
 }
