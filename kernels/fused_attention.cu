@@ -899,6 +899,16 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
         static_assert(ROWS % RS == 0 || RS % ROWS == 0, "tile split");
         const int c = i0 % CPR, t0 = i0 / CPR;
         if (c * 8 >= HS || t0 >= ROWS) return;  // the padding columns were zeroed once
+        if (rows_valid == ROWS && (r0 + ROWS <= src.split || r0 >= src.split)) {
+            // The common tile: every row there, all on one side of the split, so evenly spaced: one
+            // address computed, not a select, a product and a bound a chunk (ncu: the loads were
+            // ~170 of ~490 warp instructions per tile of the wgmma kernel; docs/PERF.md, Session 16).
+            const bf16 *p = src.row(r0 + t0) + c * 8;
+            const size_t step = (size_t)RS * (r0 < src.split ? src.old_stride : src.fresh_stride);
+#pragma unroll
+            for (int i = 0; i < (ROWS + RS - 1) / RS; i++) cp_async16(dst + tile_at<ST, SW>(t0 + i * RS, c), p + i * step, 16);
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < (ROWS + RS - 1) / RS; i++) {
             const int t = t0 + i * RS;
