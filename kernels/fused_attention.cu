@@ -906,7 +906,8 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
             const bf16 *p = src.row(r0 + t0) + c * 8;
             const size_t step = (size_t)RS * (r0 < src.split ? src.old_stride : src.fresh_stride);
 #pragma unroll
-            for (int i = 0; i < (ROWS + RS - 1) / RS; i++) cp_async16(dst + tile_at<ST, SW>(t0 + i * RS, c), p + i * step, 16);
+            for (int i = 0; i < (ROWS + RS - 1) / RS; i++)
+                cp_async16(dst + tile_at<ST, SW>(t0 + i * RS, c), p + i * step, 16);
             return;
         }
 #pragma unroll
