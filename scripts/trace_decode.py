@@ -2,14 +2,15 @@
 """Per-kernel times inside decode steps, from a `make TRACE=1` build's timeline.
 
     make TRACE=1 && GPT2_TRACE=trace.bin build/gpu-trace/gpt2 -m MODEL -n 32 --ignore-eos --temp 0 -p Hello
-    python3 scripts/trace_decode.py trace.bin [--layers L]
+    python3 scripts/trace_decode.py trace.bin [--layers L] [--ops qkv,attention,fc,fcproj]
 
 The file (kernels/kernel_trace.cuh): a uint32 count, then records of (grid id, time ns, event, SM,
 blocks, threads), one per block and event: 0 the block started, 1 its pdl_wait() returned (the
 previous kernel had completed), 2 it exited. A step runs until its first kernel's grid id comes
 back (the next replay of the graph); its
-kernels are, in launch order, the embedding, five per layer (qkv, attention, proj, fc, fcproj), the
-logits and the sampler. Per kernel, the median over the decode steps (a prefill has other kernels
+kernels are, in launch order, the embedding, five per layer (qkv, attention, proj, fc, fcproj; --ops
+names another sequence, e.g. four where the attention applies the projection), the logits and the
+sampler. Per kernel, the median over the decode steps (a prefill has other kernels
 and is left out):
   release   first block's pdl_wait() returning: the previous kernel has completed
   busy      release -> last block's exit
@@ -35,7 +36,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--ops", default=",".join(OPS), help="a layer's kernels, in launch order")
     a = ap.parse_args()
+    ops = a.ops.split(",")
     recs = sorted(read(a.trace), key=lambda r: r[1])
     if not recs:
         sys.exit("trace_decode.py: no records (was the binary built with make TRACE=1?)")
@@ -52,7 +55,7 @@ def main():
         cur.append(r)
         last[gid] = t
     steps.append(cur)
-    expected = 1 + 5 * a.layers + 2
+    expected = 1 + len(ops) * a.layers + 2
     rows = collections.defaultdict(list)
     names = {}
     used = 0
@@ -69,10 +72,10 @@ def main():
         for i, (start, _gid, v) in enumerate(ks):
             if i == 0:
                 name = "embedding"
-            elif i <= 5 * a.layers:
-                name = OPS[(i - 1) % 5]
+            elif i <= len(ops) * a.layers:
+                name = ops[(i - 1) % len(ops)]
             else:
-                name = ["logits", "sampling"][i - 1 - 5 * a.layers]
+                name = ["logits", "sampling"][i - 1 - len(ops) * a.layers]
             release, last_exit = min(v[1]), max(v[2])
             nxt = min(ks[i + 1][2][1]) if i + 1 < len(ks) else None
             rows[name].append((last_exit - release, (nxt - last_exit) if nxt else None, release - start))
@@ -89,7 +92,7 @@ def main():
         bnd = [r[1] for r in rows[name] if r[1] is not None]
         bnd = statistics.median(bnd) / 1e3 if bnd else float("nan")
         early = statistics.median(r[2] for r in rows[name]) / 1e3
-        count = a.layers if name in OPS else 1
+        count = a.layers if name in ops else 1
         total += count * (busy + (bnd if bnd == bnd else 0))
         print(f"{name:10s} {busy:7.2f} {bnd:9.2f} {early:7.2f}")
     print(f"a step: ~{total:.1f} us of busy + boundary time")
