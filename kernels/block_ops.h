@@ -14,9 +14,7 @@
 // M = B*T rows, row b*T + t. The contract between ops is only these buffers: x (fp32 [M, C]),
 // atty ([M, C], compute dtype), h ([M, 4C], compute dtype), the cache, logits. q's layout belongs
 // to the table (reference: [B, NH, T, HS]; fused: [M, C]), so a table's attn_in and attention go
-// together. A table may also hand x's update from one op to later ones in its workspace (the fused
-// table's decode: the attention applies attn_out's projection and mlp_in, mlp_out add its parts),
-// as long as x is whole again after mlp_out. A new table (kernels/ops_fused.cu) is a BlockOps value and nothing else; the loop and
+// together. A new table (kernels/ops_fused.cu) is a BlockOps value and nothing else; the loop and
 // the buffers do not change.
 #pragma once
 

@@ -182,79 +182,6 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
     if (tid == 0) *counter = 0;
 }
 
-// ----------------------------------------------------------------------------
-// Decode of one token a sequence (attn_decode1), and the attention projection folded into it
-
-constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
-constexpr int kProjMinCluster = 8;     // PROJ: blocks a head at least (the portable cluster size)
-
-// PROJ's operands: W [C, C] (row n: output n), its bias (or NULL), and the result,
-// parts [NH][B][C] fp32: parts[h][b][n] = sum_d out[b][h HS + d] W[n][h HS + d] (+ bias[n] at h = 0).
-template <typename E> struct Proj {
-    const E *W;
-    const float *bias;
-    float *parts;
-};
-
-// The output columns block blockIdx.x of a head's cluster of S owns: [blockIdx.x cols, + cols) ∩ [0, C).
-__host__ __device__ inline int proj_cols(int C, int S) { return (C + S - 1) / S; }
-
-// The head's HS columns of this block's W rows into dynamic shared memory ([cols][HS]) by cp.async,
-// committed, not waited for. HS and C are whole 16-byte chunks of E (decode1_ok).
-template <typename E> __device__ __forceinline__ void proj_load_slice(const E *W, int C, int HS) {
-    extern __shared__ __align__(16) unsigned char proj_smem[];
-    E *ws = reinterpret_cast<E *>(proj_smem);
-    constexpr int VW = 16 / sizeof(E);
-    const int cols = proj_cols(C, gridDim.x), n0 = blockIdx.x * cols, n1 = min(C, n0 + cols), nv = HS / VW;
-    const E *src = W + (size_t)blockIdx.y * HS;  // head h's columns
-    for (int u = threadIdx.x; u < (n1 - n0) * nv; u += kThreads) {
-        const int j = u / nv, v = u - j * nv;
-        cp_async16(ws + (size_t)j * HS + v * VW, src + (size_t)(n0 + j) * C + v * VW, 16);
-    }
-    cp_async_commit();
-}
-
-// After this block's partial (or none) has arrived: wait until every split's partial is in this
-// block's table, merge the head's output o (block 0 also stores it to out, the attention's own
-// result), then parts[h][b][n] = o . W[n][h HS ..] (+ bias[n] at h = 0) for this block's columns,
-// 8 lanes a column and a 3-step shuffle.
-template <typename E, int TS>
-__device__ __forceinline__ void proj_finish(const Proj<E> &pj, float (&table)[kMaxClusterSplits][TS], int splits,
-                                            E *out, int NH, int HS) {
-    extern __shared__ __align__(16) unsigned char proj_smem[];
-    const E *ws = reinterpret_cast<const E *>(proj_smem);
-    __shared__ __align__(16) float o[TS - 2];
-    constexpr int VW = 16 / sizeof(E);
-    const int tid = threadIdx.x, sub = tid & 7, h = blockIdx.y, b = blockIdx.z, B = gridDim.z;
-    const int C = NH * HS, cols = proj_cols(C, gridDim.x), n0 = blockIdx.x * cols, n1 = min(C, n0 + cols);
-    const int nv = HS / VW;
-    cluster_wait();  // every split's partial
-    for (int d = tid; d < HS; d += kThreads) {
-        o[d] = merge_splits(splits, d, [&](int sp, int j) { return table[sp][j]; });
-        if (blockIdx.x == 0) out[(size_t)b * C + h * HS + d] = from_f<E>(o[d]);
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // o, and every thread's part of the W slice
-    for (int j0 = 0; j0 < cols; j0 += kThreads / 8) {  // a uniform trip count: the shuffles need every lane
-        const int j = j0 + (tid >> 3);
-        const bool here = n0 + j < n1;
-        float dot = 0.f;
-        for (int v = sub; here && v < nv; v += 8) {
-            float wf[VW];
-            unpack16(ws + (size_t)j * HS + v * VW, wf);
-#pragma unroll
-            for (int e = 0; e < VW; e++) dot = fmaf(wf[e], o[v * VW + e], dot);
-        }
-        dot += __shfl_xor_sync(0xffffffffu, dot, 4);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-        if (here && sub == 0) {
-            const int n = n0 + j;
-            pj.parts[((size_t)h * B + b) * C + n] = dot + (h == 0 && pj.bias ? pj.bias[n] : 0.f);
-        }
-    }
-}
-
 // T = 1, HS a multiple of 16 bytes: no shared-memory staging. The block's 16 quarter-warps are 16
 // independent flash-decoding streams: quarter s takes keys k0 + 16u + s of each 16U-key step, its
 // 8 lanes hold 16-byte column chunks sub, sub + 8, ... of q, of the key and value rows (loaded
@@ -276,22 +203,15 @@ __device__ __forceinline__ void proj_finish(const Proj<E> &pj, float (&table)[kM
 // 13"). Two barrier phases: every block arrives at the start ("started"), and waits on that phase
 // before its first remote store, so block 0 is running when the stores land; then the partials.
 // The blocks past the cache leave at once, which the barrier allows (kernels/cluster.cuh).
-// PROJ (with CL; fused_attention_proj): the cluster also applies the attention projection to the
-// head's output. Every block of the cluster, those past the cache included, owns a slice of the C
-// output columns and loads the head's HS columns of those W rows into shared memory before the PDL
-// wait. Each split stores its partial into every block's table (not only block 0's), so after the
-// second phase every block merges the head's output itself and multiplies its slice: no third
-// barrier, and no kernel for the projection (docs/PERF.md, "Session 17").
-template <typename E, int QIT, bool CL, bool PROJ = false>
+constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
+template <typename E, int QIT, bool CL>
 __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
                                                          E *__restrict__ out, unsigned *__restrict__ counters,
                                                          float *__restrict__ part, int pos,
                                                          const int *__restrict__ pos_device, int NH, int HS,
-                                                         int max_seq, int chunk, float scale_log2, Proj<E> pj,
-                                                         int getenv_early) {
-    static_assert(!PROJ || CL, "the projection needs the cluster merge");
+                                                         int max_seq, int chunk, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
-    if (!PROJ || getenv_early) pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
+    pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
     if constexpr (CL) cluster_arrive_relaxed();  // "started"
     // A decode graph's position (the grid was laid out for the bound): copied before the step's
     // first kernel, so it may be read before the wait.
@@ -299,24 +219,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     // The chunks that hold a key; the blocks past them leave now (a decode graph's grid covers the
     // longest cache, and its empty blocks used to join the merge: docs/PERF.md, "Session 8").
     const int splits = (pos + chunk) / chunk;
-    constexpr int VW = 16 / sizeof(E);
-    __shared__ __align__(16) float table[CL ? kMaxClusterSplits : 1][CL ? 2 + QIT * 8 * VW : 1];  // CL: the splits' partials
-    if constexpr (PROJ) {
-        proj_load_slice(pj.W, NH * HS, HS);
-        if ((int)blockIdx.x >= splits) {  // no keys here: only the projection's slice
-            pdl_wait();
-            if (!getenv_early) pdl_launch_dependents();
-            cluster_wait();    // "started"
-            cluster_arrive();  // no partial
-            proj_finish(pj, table, splits, out, NH, HS);
-            return;
-        }
-    }
     if ((int)blockIdx.x >= splits) return;
+    constexpr int VW = 16 / sizeof(E);
     constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
     constexpr int NS = 16;                     // streams per block
     __shared__ __align__(16) float sm_acc[NS][QIT * 8 * VW];
     __shared__ float sm_m[NS], sm_l[NS], res[QIT * 8 * VW], ms[1], ls[1];
+    __shared__ float table[CL ? kMaxClusterSplits : 1][CL ? 2 + QIT * 8 * VW : 1];  // CL: the splits' partials
 
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, sub = lane & 7, stream = tid >> 3;
@@ -350,7 +259,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     for (int u = 0; u < U; u++)
         if (early) load_key(u, kbeg + u * NS + stream == pos ? kend : kbeg + u * NS + stream);
     pdl_wait();  // q and the row at pos come from the kernel before
-    if (PROJ && !getenv_early) pdl_launch_dependents();
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (!early || kbeg + u * NS + stream == pos) load_key(u, kbeg + u * NS + stream);
@@ -442,23 +350,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     for (int s2 = 0; s2 < NS; s2++) {
         w[s2] = exp2f(sm_m[s2] - M);
         den = fmaf(w[s2], sm_l[s2], den);
-    }
-    if constexpr (PROJ) {  // the partial into row `split` of every block's table
-        const int S = gridDim.x;
-        cluster_wait();  // "started": every block is running
-        for (int d = tid; d < HS; d += kThreads) {
-            float num = 0.f;
-#pragma unroll
-            for (int s2 = 0; s2 < NS; s2++) num = fmaf(w[s2], sm_acc[s2][d], num);
-            for (int r = 0; r < S; r++) st_cluster(cluster_map(&table[split][2 + d], r), num);
-        }
-        if (tid < S) {
-            st_cluster(cluster_map(&table[split][0], tid), M);
-            st_cluster(cluster_map(&table[split][1], tid), den);
-        }
-        cluster_arrive();  // release: the partials are visible to every block's wait
-        proj_finish(pj, table, splits, out, NH, HS);
-        return;
     }
     // The block's partial: the output itself when it is the only split; else into row `split` of
     // block 0's table (CL), or res for finish_split.
@@ -1535,7 +1426,7 @@ template <typename K> int decode_cluster_splits(K kern) {
 
 template <typename E, int QIT>
 cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, int pos, const int *pos_device, int NH,
-                           int HS, int max_seq, void *ws, size_t ws_bytes, const Proj<E> &pj, cudaStream_t stream) {
+                           int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     auto kern = attn_decode1<E, QIT, false>;
     auto kern_cl = attn_decode1<E, QIT, true>;
     const long long bh = (long long)B * NH;
@@ -1544,32 +1435,16 @@ cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, in
                                   cl_splits ? cl_splits : workspace_splits(bh, 1, HS, ws, ws_bytes));
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     const dim3 grid((unsigned)sp.splits, NH, B);
-    if (pj.W) {  // every head a cluster of at least kProjMinCluster blocks, the ones past the cache too
-        if (!cl_splits) return cudaErrorNotSupported;
-        auto kern_proj = attn_decode1<E, QIT, true, true>;
-        const char *mc = getenv("GPT2_PROJ_MINCL");
-        const int minc = mc ? atoi(mc) : kProjMinCluster;
-        const int S = sp.splits > minc ? sp.splits : minc;
-        const size_t smem = (size_t)proj_cols(NH * HS, S) * HS * sizeof(E);
-        cudaError_t e = allow_smem(kern_proj, smem);
-        if (e == cudaSuccess && S > 8)
-            e = cudaFuncSetAttribute(reinterpret_cast<const void *>(kern_proj),
-                                     cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess) return e;
-        return launch_pdl_cluster(kern_proj, dim3((unsigned)S, NH, B), dim3(kThreads), smem, (unsigned)S, stream, nr,
-                                  kc, vc, out, (unsigned *)nullptr, (float *)nullptr, pos, pos_device, NH, HS, max_seq,
-                                  sp.chunk, scale_log2, pj, getenv("GPT2_PROJ_EARLY") != NULL);
-    }
     if (cl_splits && sp.splits > 1)
         return launch_pdl_cluster(kern_cl, grid, dim3(kThreads), 0, (unsigned)sp.splits, stream, nr, kc, vc, out,
                                   (unsigned *)nullptr, (float *)nullptr, pos, pos_device, NH, HS, max_seq, sp.chunk,
-                                  scale_log2, Proj<E>{}, 1);
+                                  scale_log2);
     cudaError_t e;
     if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
     return launch_pdl(kern, grid, dim3(kThreads), 0, stream, nr, kc, vc, out, counters, part, pos, pos_device, NH, HS,
-                      max_seq, sp.chunk, scale_log2, Proj<E>{}, 1);
+                      max_seq, sp.chunk, scale_log2);
 }
 
 // attn_decode1 needs whole 16-byte chunks: HS and the row stride multiples of 16 bytes, every base
@@ -1582,16 +1457,14 @@ template <typename E> bool decode1_ok(const NewRows<E> &nr, const void *kc, cons
 
 template <typename E>
 cudaError_t launch_decode1_hs(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, int pos, const int *pos_device,
-                              int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream,
-                              const Proj<E> &pj = Proj<E>{}) {
+                              int NH, int HS, int max_seq, void *ws, size_t ws_bytes, cudaStream_t stream) {
     const int nv = HS / (16 / (int)sizeof(E));  // 16-byte chunks per row: 8 lanes take 1, 2 or 4 each
     if (nv <= 8)
-        return launch_decode1<E, 1>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, pj, stream);
+        return launch_decode1<E, 1>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
     if constexpr (sizeof(E) == 4)  // bf16 rows of 128 hold 16 chunks at most
         if (nv > 16)
-            return launch_decode1<E, 4>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, pj,
-                                        stream);
-    return launch_decode1<E, 2>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, pj, stream);
+            return launch_decode1<E, 4>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
+    return launch_decode1<E, 2>(nr, kc, vc, out, B, pos, pos_device, NH, HS, max_seq, ws, ws_bytes, stream);
 }
 
 template <typename E>
@@ -1805,44 +1678,6 @@ extern "C" int fused_attention_qkv(const void *qkv, void *k_cache, void *v_cache
     return (int)attention_qkv(static_cast<const float *>(qkv), static_cast<float *>(k_cache),
                               static_cast<float *>(v_cache), static_cast<float *>(out), B, T, pos, pos_device, NH, HS,
                               max_seq, workspace, workspace_bytes, stream);
-}
-
-namespace {
-template <typename E> int proj_ok(int NH, int HS) {
-    const int C = NH * HS;
-    return HS * (int)sizeof(E) % 16 == 0 && decode_cluster_splits(attn_decode1<E, 1, true>) > 0 &&
-           (size_t)proj_cols(C, kProjMinCluster) * HS * sizeof(E) <= (size_t)smem_optin();
-}
-}  // namespace
-
-extern "C" int fused_attention_proj_ok(DType dtype, int num_heads, int head_size) {
-    if (num_heads <= 0 || head_size <= 0 || head_size > 128) return 0;
-    if (dtype == DTYPE_BF16) return proj_ok<bf16>(num_heads, head_size);
-    if (dtype == DTYPE_F32) return proj_ok<float>(num_heads, head_size);
-    return 0;
-}
-
-extern "C" int fused_attention_proj(const void *q, const void *k_cache, const void *v_cache, void *out, DType dtype,
-                                    int B, int pos, const int *pos_device, int num_heads, int head_size, int max_seq,
-                                    const void *w_proj, const float *b_proj, float *parts, cudaStream_t stream) {
-    const int NH = num_heads, HS = head_size;
-    if (!fused_attention_proj_ok(dtype, NH, HS)) return (int)cudaErrorNotSupported;
-    if (B < 0 || pos < 0 || max_seq <= 0 || pos + 1 > max_seq || B > 65535 || NH > 65535)
-        return (int)cudaErrorInvalidValue;
-    if (B == 0) return (int)cudaSuccess;
-    if (!q || !k_cache || !v_cache || !out || !w_proj || !parts || !aligned16(w_proj)) return (int)cudaErrorInvalidValue;
-    if (dtype == DTYPE_BF16) {
-        const NewRows<bf16> nr = {static_cast<const bf16 *>(q), NULL, NULL, (long long)NH * HS};
-        if (!decode1_ok(nr, k_cache, v_cache, HS)) return (int)cudaErrorInvalidValue;
-        return (int)launch_decode1_hs(nr, (bf16 *)k_cache, (bf16 *)v_cache, static_cast<bf16 *>(out), B, pos,
-                                      pos_device, NH, HS, max_seq, NULL, 0, stream,
-                                      Proj<bf16>{static_cast<const bf16 *>(w_proj), b_proj, parts});
-    }
-    const NewRows<float> nr = {static_cast<const float *>(q), NULL, NULL, (long long)NH * HS};
-    if (!decode1_ok(nr, k_cache, v_cache, HS)) return (int)cudaErrorInvalidValue;
-    return (int)launch_decode1_hs(nr, (float *)k_cache, (float *)v_cache, static_cast<float *>(out), B, pos, pos_device,
-                                  NH, HS, max_seq, NULL, 0, stream,
-                                  Proj<float>{static_cast<const float *>(w_proj), b_proj, parts});
 }
 
 // ----------------------------------------------------------------------------

@@ -63,21 +63,6 @@ int fused_attention_qkv(const void *qkv, void *k_cache, void *v_cache, void *out
                         const int *pos_device, int num_heads, int head_size, int max_seq, void *workspace,
                         size_t workspace_bytes, cudaStream_t stream);
 
-// Decode of one token a sequence (T = 1) with the attention projection folded in: attends exactly
-// as fused_attention (q [B, C], out [B, C]; no workspace needed) and also computes
-//   parts [NH][B][C] fp32: parts[h][b][n] = sum_d out[b][h*HS + d] * w_proj[n][h*HS + d] (+ b_proj[n], h = 0)
-// with w_proj [C, C] in the compute dtype (row n: output n), b_proj fp32 [C] or NULL. The projection's
-// residual update is then x[b] += sum_h parts[h][b], which this call leaves to the kernels that next
-// read x (ResidualParts in fused_ln_linear.h), in head order, so the result does not depend on
-// scheduling. Each head's blocks form a cluster that merges the head's output in shared memory and
-// multiplies it by their slices of w_proj, loaded before the previous kernel ends (PDL): no kernel
-// for the projection. fused_attention_proj_ok says where it runs (sm_90 and later with clusters,
-// GPT2_ATTN_CLUSTER not 0, head rows of 16 bytes); elsewhere the call returns cudaErrorNotSupported.
-int fused_attention_proj_ok(DType dtype, int num_heads, int head_size);
-int fused_attention_proj(const void *q, const void *k_cache, const void *v_cache, void *out, DType dtype, int B,
-                         int pos, const int *pos_device, int num_heads, int head_size, int max_seq, const void *w_proj,
-                         const float *b_proj, float *parts, cudaStream_t stream);
-
 // The unfused baseline's middle step, for tests/bench_fused_attention.c only (its cuBLAS products
 // around it live in the bench): probs[r][j] = softmax_j(scale * scores[r][j]) over j <= pos + r % T,
 // 0 for the rest of the row; scores fp32 [rows][Tk], probs dtype [rows][Tk], rows = B*NH*T.

@@ -7,8 +7,8 @@
 
 extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
                                   const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M,
-                                  int N, int K, Activation act, const QKVDest *qkv, const ResidualParts *pending,
-                                  LinearPath path, cudaStream_t stream) {
+                                  int N, int K, Activation act, const QKVDest *qkv, LinearPath path,
+                                  cudaStream_t stream) {
     if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
     if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
@@ -20,10 +20,6 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
     e.bias = b_folded;
     e.s = s;
     e.N = N;
-    if (pending && pending->count > 0) {
-        if (!pending->parts || ldx != K || pending->stride < (long long)M * K) return cudaErrorInvalidValue;
-        e.parts = pending->parts, e.nparts = pending->count, e.pstride = pending->stride;
-    }
     if (qkv) {
         const int C = qkv->num_heads * qkv->head_size;
         if (qkv->num_heads <= 0 || qkv->head_size <= 0 || N != 3 * C || qkv->T <= 0 || M % qkv->T != 0 ||
@@ -52,7 +48,7 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
 extern "C" int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType wtype, const float *s,
                                const float *b_folded, void *y, DType ytype, int M, int N, int K, Activation act,
                                const QKVDest *qkv, cudaStream_t stream) {
-    return fused_ln_linear_ex(x, K, ln_gamma, W, wtype, s, b_folded, y, N, ytype, M, N, K, act, qkv, NULL,
+    return fused_ln_linear_ex(x, K, ln_gamma, W, wtype, s, b_folded, y, N, ytype, M, N, K, act, qkv,
                               LINEAR_PATH_AUTO, stream);
 }
 

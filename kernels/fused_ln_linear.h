@@ -99,18 +99,6 @@ typedef struct {
     const int *pos_device;
 } QKVDest;
 
-// The residual stream with updates not yet added (fused_attention_proj leaves the attention
-// projection's per-head products so): row m of the true x is
-//   x[m] + parts[0 * stride + m * K] + parts[1 * stride + m * K] + ... (count of them, in this order)
-// fp32, each part [M, K] (the residual's row stride). Taken by the GEMV path only (AUTO routes a call
-// with parts there; another forced path is cudaErrorInvalidValue): fused_ln_linear_ex normalises the
-// true x; linear_residual_ex adds its product to it and stores the sum, which settles the parts.
-typedef struct {
-    const float *parts;
-    int count;
-    long long stride;
-} ResidualParts;
-
 // y = act(LayerNorm(x) W^T + b) through the folded form above.
 //   x         fp32 [M, K] (row stride K)
 //   ln_gamma  fp32 [K]
@@ -121,13 +109,11 @@ int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType 
                     const float *b_folded, void *y, DType ytype, int M, int N, int K, Activation act,
                     const QKVDest *qkv, cudaStream_t stream);
 
-// The same with row strides, pending residual updates and a forced kernel: x rows ldx floats apart
-// (e.g. each sequence's last token: x + (T-1)*C with ldx = T*C; with pending parts ldx = K), y rows
-// ldy elements apart (plain output only), pending NULL or the parts above.
+// The same with row strides and a forced kernel: x rows ldx floats apart (e.g. each sequence's
+// last token: x + (T-1)*C with ldx = T*C), y rows ldy elements apart (plain output only).
 int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
                        const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M, int N,
-                       int K, Activation act, const QKVDest *qkv, const ResidualParts *pending, LinearPath path,
-                       cudaStream_t stream);
+                       int K, Activation act, const QKVDest *qkv, LinearPath path, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

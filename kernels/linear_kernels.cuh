@@ -62,27 +62,7 @@ struct Epilogue {
     const float *bias;   // b (plain linear) or b' (LN folded); NULL: none
     const float *s;      // LN folded: s_n
     int N;
-    // Pending updates of the residual stream (ResidualParts, fused_ln_linear.h; the GEMV only): the
-    // true row m is x[m] + parts[p * pstride + m * K] summed over p < nparts in order, where x is
-    // the LN input (fp32 x) or, for OUT_RESIDUAL, the residual.
-    const float *parts;
-    int nparts;
-    long long pstride;
 };
-
-// Element k of row m of the true residual stream: base (x or the residual, its row m) plus the
-// pending parts, in their order. Every part's load is issued before the first add (a loop of
-// dependent round trips to L2 cost more than the kernel it replaced).
-constexpr int MAX_PARTS = 32;  // the launchers refuse more
-__device__ __forceinline__ float add_parts(const Epilogue &e, float base, int m, int K, int k) {
-    float a[MAX_PARTS];
-#pragma unroll
-    for (int p = 0; p < MAX_PARTS; p++) a[p] = p < e.nparts ? __ldg(e.parts + p * e.pstride + (size_t)m * K + k) : 0.f;
-#pragma unroll
-    for (int p = 0; p < MAX_PARTS; p++)
-        if (p < e.nparts) base += a[p];
-    return base;
-}
 
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -239,11 +219,8 @@ constexpr int GEMV_WARPS = GEMV_THREADS / 32;
 
 // Shared memory of a GEMV block in bytes: xs [mt][KP] of XT; with LN the shifted rows xr [mt][KP],
 // gamma [KP] and the statistics [2][mt] (fp32); the split-K partials [WARPS][32].
-// With pending parts (LN), the true rows [mt][KP] fp32 after them, from a 16-byte boundary.
-__host__ __device__ constexpr long long gemv_smem_bytes(int mt, bool ln, long long KP, int xt_bytes,
-                                                        bool pending = false) {
-    return mt * KP * xt_bytes + (ln ? (mt * KP + KP + 2 * mt) * 4 : 0) + GEMV_WARPS * 32 * 4 +
-           (ln && pending ? mt * KP * 4 + 16 : 0);
+__host__ __device__ constexpr long long gemv_smem_bytes(int mt, bool ln, long long KP, int xt_bytes) {
+    return mt * KP * xt_bytes + (ln ? (mt * KP + KP + 2 * mt) * 4 : 0) + GEMV_WARPS * 32 * 4;
 }
 
 template <typename WT, typename XT>
@@ -392,10 +369,6 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     float *gs = xr + (LN ? (size_t)MT * KP : 0);                  // LN: gamma [KP]
     float *stats = gs + (LN ? KP : 0);                            // LN, MT > 1: dmean [MT], rstd [MT]
     float *split_sums = stats + (LN ? 2 * MT : 0);                // [WARPS][32]
-    // LN with pending parts: the true rows x + parts [MT][KP], summed before the staging reads them
-    float *xt = LN && e.nparts > 0
-                    ? reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(split_sums + GEMV_WARPS * 32) + 15) & ~(uintptr_t)15)
-                    : nullptr;  // 16-byte aligned (the staging reads it 16 bytes at a time)
     constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
     const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
                       (!LN || (reinterpret_cast<uintptr_t>(gamma) % 16) == 0);
@@ -413,15 +386,8 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
                     c[j] = 0.0f;
                     if (q < total && k < K && m < rows) {
                         const XT *row = x + (size_t)(m0 + m) * ldx;
-                        if (!LN || !xt) v[j] = __ldg(reinterpret_cast<const uint4 *>(row + k));
-                        if constexpr (LN) {
-                            if (xt) {  // the true rows, summed in shared memory
-                                v[j] = *reinterpret_cast<const uint4 *>(xt + (size_t)m * KP + k);
-                                c[j] = xt[(size_t)m * KP];
-                            } else {
-                                c[j] = __ldg(reinterpret_cast<const float *>(row));
-                            }
-                        }
+                        v[j] = __ldg(reinterpret_cast<const uint4 *>(row + k));
+                        if constexpr (LN) c[j] = __ldg(reinterpret_cast<const float *>(row));
                     }
                 }
 #pragma unroll
@@ -444,9 +410,9 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
             for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
                 const int m = i / KP, k = i - m * KP;
                 const bool in = m < rows && k < K;
-                float v = in ? (LN && xt ? xt[(size_t)m * KP + k] : load_x<XT>(x, ldx, m0 + m, k)) : 0.0f;
+                float v = in ? load_x<XT>(x, ldx, m0 + m, k) : 0.0f;
                 if constexpr (LN) {
-                    if (in) v -= xt ? xt[(size_t)m * KP] : load_x<XT>(x, ldx, m0 + m, 0);
+                    v -= in ? load_x<XT>(x, ldx, m0 + m, 0) : 0.0f;
                     xr[(size_t)m * KP + k] = v;
                     v *= gs[k];
                 }
@@ -499,13 +465,6 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         e_nobias.pos_dev = nullptr;
     }
     pdl_wait();
-    if (xt) {
-        for (int i = tid; i < MT * KP; i += GEMV_THREADS) {
-            const int m = i / KP, k = i - m * KP;
-            xt[i] = m < rows && k < K ? add_parts(e, x[(size_t)(m0 + m) * ldx + k], m0 + m, K, k) : 0.0f;
-        }
-        __syncthreads();
-    }
     stage();
     __syncthreads();
     // LN at one row: when the block's last warp holds no group (one round, no K split: the qkv and
@@ -543,8 +502,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         const int store_n = g * NPW + lane % NPW;
         // The residual this lane adds to, read now so that the store waits on nothing.
         const float resid = (!LN && e.mode == OUT_RESIDUAL && stores && active && store_n < N)
-                                ? add_parts(e, e.residual[(size_t)(m0 + store_m) * e.N + store_n], m0 + store_m,
-                                            e.N, store_n)
+                                ? e.residual[(size_t)(m0 + store_m) * e.N + store_n]
                                 : 0.0f;
         float acc[MT][NPW];
 #pragma unroll
@@ -1563,7 +1521,7 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
                                   const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
     constexpr int CH = 32 * (16 / sizeof(WT));
     const int KP = (K + CH - 1) / CH * CH;
-    const int smem = (int)gemv_smem_bytes(MT, LN, KP, (int)sizeof(XT), e.nparts > 0);
+    const int smem = (int)gemv_smem_bytes(MT, LN, KP, (int)sizeof(XT));
     auto kern = gemv_kernel<WT, XT, MT, NPW, U, LN>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
@@ -1593,9 +1551,8 @@ inline cudaError_t launch_gemv(const XT *x, long long ldx, const float *gamma, c
     const long long KP = ((long long)K + CH - 1) / CH * CH;
     int mt = 1;
     while (mt < 16 && mt < M) mt *= 2;
-    const bool pend = e.nparts > 0;
-    while (mt > 1 && gemv_smem_bytes(mt, LN, KP, sizeof(XT), pend) > d.smem_optin) mt /= 2;
-    if (gemv_smem_bytes(1, LN, KP, sizeof(XT), pend) > d.smem_optin) return cudaErrorInvalidValue;  // one row does not fit
+    while (mt > 1 && gemv_smem_bytes(mt, LN, KP, sizeof(XT)) > d.smem_optin) mt /= 2;
+    if (gemv_smem_bytes(1, LN, KP, sizeof(XT)) > d.smem_optin) return cudaErrorInvalidValue;  // one row does not fit
     switch (mt) {
     case 1: return launch_gemv_mt<WT, XT, 1, 4, 3, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
     case 2: return launch_gemv_mt<WT, XT, 2, 4, 4, LN>(x, ldx, gamma, W, M, N, K, e, d, stream);
@@ -1808,8 +1765,6 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     const bool cluster_ok = LN && w_bf16 && cluster_plan(M, N, K, d, &plan);
     SkinnyPlan splan = {};
     const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
-    if (e.nparts > 0 && path == LINEAR_PATH_AUTO) path = LINEAR_PATH_GEMV;  // the one kernel that takes them
-    if (e.nparts > 0 && (path != LINEAR_PATH_GEMV || e.nparts > MAX_PARTS)) return cudaErrorInvalidValue;
     if (path == LINEAR_PATH_AUTO)
         path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
     if (path == LINEAR_PATH_CLUSTER) {  // bf16 with the LayerNorm

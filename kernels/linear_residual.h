@@ -23,10 +23,9 @@ extern "C" {
 int linear_residual(const void *x, const void *W, DType dtype, const float *b, float *residual, int M, int N, int K,
                     cudaStream_t stream);
 
-// With pending updates of the residual (NULL, or ResidualParts of fused_ln_linear.h: residual = its
-// true value + x W^T + b, the parts settled) and a forced kernel (tests, benchmarks).
+// With a forced kernel (tests, benchmarks).
 int linear_residual_ex(const void *x, const void *W, DType dtype, const float *b, float *residual, int M, int N,
-                       int K, const ResidualParts *pending, LinearPath path, cudaStream_t stream);
+                       int K, LinearPath path, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -3,8 +3,7 @@
 //   attn_in    fused_ln_linear: ln1 folded into qkv (docs/DESIGN.md), q -> s->q [M, C], k/v straight
 //              into the cache at pos..pos+T-1
 //   attention  fused_attention: flash prefill / flash-decoding over the cache, out -> s->atty [M, C]
-//   attn_out   linear_residual: x += atty @ attprojw^T + attprojb (decode of a few rows on sm_90: inside
-//              the attention, x's update left as per-head parts for mlp_in and mlp_out: pending_parts)
+//   attn_out   linear_residual: x += atty @ attprojw^T + attprojb
 //   mlp_in     fused_ln_linear: h = gelu(ln2(x) @ fcw^T + fcb)
 //   mlp_out    linear_residual: x += h @ fcprojw^T + fcprojb
 //   logits     fused_ln_linear: lnf folded into wte[:V]^T, fp32 logits; all rows, or each sequence's
@@ -96,49 +95,15 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     return 0;
 }
 
-// The workspace (s->workspace, allocated zeroed with the activations): the flash-decoding partials
-// and split counters, then the attention projection's parts (below) from a 256-byte boundary.
-static size_t parts_offset(const GpuState *s) {
-    return (fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq) + 255) / 256 * 256;
-}
+// Flash-decoding partials and split counters, allocated zeroed with the activations (s->workspace).
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return parts_offset(s) + (size_t)s->NH * s->max_batch * s->C * sizeof(float);
-}
-
-// Decode of at most kProjRows tokens (one a sequence): the attention kernel also applies attn_out's
-// projection, head by head, and leaves x's update as NH parts in the workspace that mlp_in and
-// mlp_out add in (fused_attention_proj, ResidualParts): one kernel a layer fewer, and the
-// projection's weights load under the attention's wait. Where mlp_in and mlp_out run the GEMV (the
-// only kernel that takes parts) and the device has clusters. GPT2_ATTN_PROJ=0 turns it off (to
-// measure it). Returns the parts to pass, or NULL: attn_out runs its own kernel. The one place all
-// four ops ask.
-enum { kProjRows = 4 };
-static const ResidualParts *pending_parts(const GpuState *s, const GpuStep *st, ResidualParts *rp) {
-    static int off = -1;
-    if (off < 0) {
-        const char *env = getenv("GPT2_ATTN_PROJ");
-        off = env && strcmp(env, "0") == 0;
-    }
-    if (off || st->T != 1 || st->M > kProjRows || st->M > fused_rows(s, LINEAR_OP_LN) ||
-        st->M > fused_rows(s, LINEAR_OP_PLAIN) || !fused_attention_proj_ok(s->dtype, s->NH, s->HS))
-        return NULL;
-    rp->parts = (const float *)((const char *)s->workspace + parts_offset(s));
-    rp->count = s->NH;
-    rp->stride = (long long)st->M * s->C;
-    return rp;
+    return fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq);
 }
 
 static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     // In a decode graph the position is read on the device; the host's only bounds it.
     const int pos = st->pos_device ? s->max_seq - st->T : st->pos;
-    ResidualParts rp;
-    if (pending_parts(s, st, &rp)) {
-        FUSED_TRY(fused_attention_proj(s->q, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, pos, st->pos_device,
-                                       s->NH, s->HS, s->max_seq, ly->attprojw, ly->attprojb, (float *)rp.parts,
-                                       s->stream));
-        return 0;
-    }
     if (attention_reads_qkv(s, st)) {
         FUSED_TRY(fused_attention_qkv(s->scratch, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos,
                                       st->pos_device, s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes,
@@ -153,8 +118,6 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    ResidualParts rp;
-    if (pending_parts(s, st, &rp)) return 0;  // the attention did it
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, s->dtype,
                              ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
@@ -172,10 +135,8 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
                              4 * s->C, s->C, s->scratch, s->stream));
         return 0;
     }
-    ResidualParts rp;
-    FUSED_TRY(fused_ln_linear_ex(s->x, s->C, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, 4 * s->C, s->dtype,
-                                 st->M, 4 * s->C, s->C, ACT_GELU, NULL, pending_parts(s, st, &rp), LINEAR_PATH_AUTO,
-                                 s->stream));
+    FUSED_TRY(fused_ln_linear(s->x, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, s->dtype, st->M, 4 * s->C,
+                              s->C, ACT_GELU, NULL, s->stream));
     return 0;
 }
 
@@ -186,9 +147,7 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
                              st->M, s->C, 4 * s->C, NULL, s->stream));
         return 0;
     }
-    ResidualParts rp;
-    FUSED_TRY(linear_residual_ex(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C,
-                                 pending_parts(s, st, &rp), LINEAR_PATH_AUTO, s->stream));
+    FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
     return 0;
 }
 
@@ -206,7 +165,7 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
     const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
     const long long ldx = all_positions ? s->C : (long long)st->T * s->C;
     FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->logits_ld, DTYPE_F32,
-                                 rows, s->V, s->C, ACT_NONE, NULL, NULL, LINEAR_PATH_AUTO, s->stream));
+                                 rows, s->V, s->C, ACT_NONE, NULL, LINEAR_PATH_AUTO, s->stream));
     return 0;
 }
 

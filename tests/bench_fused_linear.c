@@ -137,7 +137,7 @@ typedef struct {
 static void enqueue_fused(void *p, int set) {
     LnBench *b = p;
     CK(fused_ln_linear_ex(b->x[set], b->K, b->gamma, b->W[set], b->dt, b->s, b->b2, b->y, b->N, b->dt, b->M, b->N,
-                          b->K, ACT_GELU, NULL, NULL, b->path, stream));
+                          b->K, ACT_GELU, NULL, b->path, stream));
 }
 
 static void enqueue_lt(void *p, int set) {
@@ -339,7 +339,7 @@ typedef struct {
 
 static void enqueue_res_fused(void *p, int set) {
     ResBench *b = p;
-    CK(linear_residual_ex(b->x[set], b->W[set], b->dt, b->bias, b->res, b->M, b->N, b->K, NULL, b->path, stream));
+    CK(linear_residual_ex(b->x[set], b->W[set], b->dt, b->bias, b->res, b->M, b->N, b->K, b->path, stream));
 }
 static void enqueue_res_unfused(void *p, int set) {
     ResBench *b = p;
