@@ -856,9 +856,14 @@ template <int HSP, int MI, int QW, int G, bool WG> struct MmaCfg {
     static_assert(G == 1 || (size_t)XV * GT * sizeof(float) <= group * sizeof(bf16), "xch");
 };
 
-// Named barrier 1 + g for the NTHR threads of group g (0 is __syncthreads). Immediate ids: with a
-// register id the compiler reserves all 16 barriers.
-template <int NTHR> __device__ __forceinline__ void group_barrier(int g) {
+// Named barrier 1 + g for the NTHR threads of group g of G (0 is __syncthreads). Immediate ids: with
+// a register id the compiler reserves all 16 barriers; one group needs no switch (ncu: a jump table
+// in every tile of the loop; docs/PERF.md, Session 17).
+template <int NTHR, int G> __device__ __forceinline__ void group_barrier(int g) {
+    if constexpr (G == 1) {
+        asm volatile("bar.sync 1, %0;\n" ::"n"(NTHR) : "memory");
+        return;
+    }
     switch (g) {
     case 0: asm volatile("bar.sync 1, %0;\n" ::"n"(NTHR) : "memory"); break;
     case 1: asm volatile("bar.sync 2, %0;\n" ::"n"(NTHR) : "memory"); break;
@@ -892,7 +897,6 @@ template <int ST, bool SW> __device__ __forceinline__ int tile_at(int t, int c) 
 template <int HSP, int ST, bool SW, int ROWS, int NTHR>
 __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, int rows_valid, int HS, int i0) {
     constexpr int CPR = HSP / 8;  // 16-byte chunks per padded row (4, 8, 12, 16)
-    const bf16 *any = src.row(r0);  // a valid address for the zero-filled rows
     if constexpr (NTHR % CPR == 0) {
         // A thread keeps one column chunk c and takes rows t0, t0 + RS, ...
         constexpr int RS = NTHR / CPR;
@@ -910,6 +914,9 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
                 cp_async16(dst + tile_at<ST, SW>(t0 + i * RS, c), p + i * step, 16);
             return;
         }
+        // A valid address for the zero-filled rows, taken here only (above it cost every tile a
+        // select and a product: docs/PERF.md, Session 17).
+        const bf16 *any = src.row(r0);
 #pragma unroll
         for (int i = 0; i < (ROWS + RS - 1) / RS; i++) {
             const int t = t0 + i * RS;
@@ -918,6 +925,7 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const RowSrc &src, int r0, 
         }
     } else {
         static_assert(ROWS * CPR % NTHR == 0, "tile split");
+        const bf16 *any = src.row(r0);
 #pragma unroll
         for (int i = 0; i < ROWS * CPR / NTHR; i++) {
             const int u = i0 + i * NTHR, t = u / CPR, c = u % CPR;
@@ -1186,7 +1194,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
         const int buf = j % STAGES;
         cp_async_wait<0>();                // tile j (this thread's part)
         if (WG) fence_proxy_async_smem();  // ... visible to wgmma
-        group_barrier<GT>(grp);            // everyone's; and the group is done with tile j - 1's buffer
+        group_barrier<GT, G>(grp);         // everyone's; and the group is done with tile j - 1's buffer
         if (STAGES == 2 && j + 1 < nt) load_kv(j + 1);
         const bf16 *Kb = Kg + buf * Cfg::ktile, *Vb = Vg + buf * Cfg::ktile;
         const int k0 = (grp + G * j) * BN;
@@ -1196,7 +1204,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
         else if (k0 <= pos + dr0 + DR - 1)  // else no row sees a key of the tile
             attend_tile<HSP, MI, true, WG>(Kb, Vb, qf, o, m, l, lane, k0, pos + wr0 + (lane >> 2), scale_log2);
         if (STAGES == 1) {
-            group_barrier<GT>(grp);  // the group is done with the buffer
+            group_barrier<GT, G>(grp);  // the group is done with the buffer
             if (j + 1 < nt) load_kv(j + 1);
         }
     }
@@ -1204,7 +1212,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
     if constexpr (G > 1) {
         // Groups 1.. hand their state to the same thread of group 0 (same rows and columns) through
         // their own buffers, laid out [value][thread] so that a group's stores hit distinct banks.
-        group_barrier<GT>(grp);  // the group's warps are done with its buffers
+        group_barrier<GT, G>(grp);  // the group's warps are done with its buffers
         if (grp > 0) {
             float *x = reinterpret_cast<float *>(Kg);
 #pragma unroll
