@@ -80,4 +80,57 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate), "n"(TRANS_B));
 }
 
+// ----------------------------------------------------------------------------
+// Both operands in shared memory (the many-row GEMM, gemm_sm90.cu)
+
+// d (64 x N fp32; this thread's N / 8 m16n8 tiles, laid out as above) += A (64 x 16 bf16) * B
+// (16 x N bf16), A and B K-major tiles in shared memory at their descriptors. Only the shapes the
+// GEMM's tiles use are instantiated.
+template <int N> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc);
+
+#define WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WGMMA_D16(j) WGMMA_D4(j), WGMMA_D4(j + 1), WGMMA_D4(j + 2), WGMMA_D4(j + 3)
+template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+              "%32, %33, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D16(0), WGMMA_D16(4)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<96>(float (&d)[12][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+              "%48, %49, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D16(0), WGMMA_D16(4), WGMMA_D16(8)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<128>(float (&d)[16][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+              "%64, %65, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D16(0), WGMMA_D16(4), WGMMA_D16(8), WGMMA_D16(12)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<192>(float (&d)[24][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, "
+              "%96, %97, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D16(0), WGMMA_D16(4), WGMMA_D16(8), WGMMA_D16(12), WGMMA_D16(16), WGMMA_D16(20)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<256>(float (&d)[32][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+              "%128, %129, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D16(0), WGMMA_D16(4), WGMMA_D16(8), WGMMA_D16(12), WGMMA_D16(16), WGMMA_D16(20), WGMMA_D16(24), WGMMA_D16(28)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+#undef WGMMA_D16
+#undef WGMMA_D4
+
 #undef WGMMA_ASM
