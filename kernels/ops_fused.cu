@@ -35,7 +35,6 @@
 #include "cuda_check.h"
 #include "fused_attention.h"
 #include "fused_ln_linear.h"
-#include "gemm_sm90.h"
 #include "linear_residual.h"
 #include "reference_kernels.h"
 
@@ -71,20 +70,6 @@ static int fused_rows(const GpuState *s, LinearOp op) {
     return f >= 0 ? f : fused_linear_rows(s->dtype, op);
 }
 
-// The many-row products (matmul_lt.h's epilogues): our Hopper GEMM where it runs (gemm_sm90.h: it joins
-// the PDL chain, which cuBLASLt's kernels cannot), cuBLASLt elsewhere and for the shapes it refuses.
-static int many_rows_linear(GpuState *s, MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x,
-                            const void *W, const void *bias, int M, int N, int K, Error *err) {
-    if (s->dtype == DTYPE_BF16 && gemm_sm90_available()) {
-        const cudaError_t e = gemm_sm90(epilogue, y, ldy, x, W, bias, M, N, K, s->stream);
-        if (e == cudaSuccess) return 0;
-        if (e != cudaErrorInvalidValue) return cuda_fail(err, e, "gemm_sm90", __FILE__, __LINE__);
-    }
-    float *scratch = epilogue == MATMUL_LT_BIAS_GELU ? s->scratch : NULL;  // fp32's GELU pass (matmul_lt.h)
-    CUBLAS_TRY(matmul_lt(s->lt, epilogue, y, ldy, x, W, s->dtype, bias, M, N, K, scratch, s->stream));
-    return 0;
-}
-
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
 // new keys and values into the cache) where the attention can: bf16 prefill and batched decode of one
 // token a sequence. Elsewhere (fp32 prefill, T = 2..4) qkv_split copies q out and k, v into the cache
@@ -97,9 +82,8 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        if (many_rows_linear(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M, 3 * s->C,
-                             s->C, err))
-            return -1;
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
+                             st->M, 3 * s->C, s->C, NULL, s->stream));
         if (!attention_reads_qkv(s, st))
             CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
                                s->NH, s->HS, s->max_seq, s->dtype, s->stream));
@@ -135,8 +119,9 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
-        return many_rows_linear(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, ly->attprojb, st->M,
-                                s->C, s->C, err);
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, s->dtype,
+                             ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
+        return 0;
     }
     FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
     return 0;
@@ -146,8 +131,9 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        return many_rows_linear(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
-                                s->C, err);
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
+                             4 * s->C, s->C, s->scratch, s->stream));
+        return 0;
     }
     FUSED_TRY(fused_ln_linear(s->x, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, s->dtype, st->M, 4 * s->C,
                               s->C, ACT_GELU, NULL, s->stream));
@@ -157,8 +143,9 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
-        return many_rows_linear(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, ly->fcprojb, st->M, s->C,
-                                4 * s->C, err);
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, s->dtype, ly->fcprojb,
+                             st->M, s->C, 4 * s->C, NULL, s->stream));
+        return 0;
     }
     FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
     return 0;
@@ -171,8 +158,9 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back
         // to an unvectorised sm75 kernel, 6x slower.
-        return many_rows_linear(s, MATMUL_LT_NONE, s->logits, s->logits_ld, s->ln, s->wte, NULL, rows, s->logits_ld,
-                                s->C, err);
+        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_NONE, s->logits, s->logits_ld, s->ln, s->wte, s->dtype, NULL, rows,
+                             s->logits_ld, s->C, NULL, s->stream));
+        return 0;
     }
     const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
     const long long ldx = all_positions ? s->C : (long long)st->T * s->C;

@@ -1,8 +1,7 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --one K N dtype M
-//                                                                                  | --one-res K N dtype M | --gemm [M...]]
-// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --gemm: kernels/gemm_sm90.h against cuBLASLt with the
-// same epilogue at GPT-2 124M's five products, bf16, M = 64 to 8192 or the rows given)
+//                                                                                  | --one-res K N dtype M]
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64})
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -33,7 +32,6 @@
 #include <cuda_runtime.h>
 
 #include "fused_ln_linear.h"
-#include "gemm_sm90.h"
 #include "linear_residual.h"
 #include "matmul_lt.h"
 #include "unfused_baseline.h"
@@ -420,71 +418,6 @@ static void bench_res(int K, int N, DType dt, int M) {
     cudaFree(b.bias), cudaFree(b.res), cudaFree(b.tmp);
 }
 
-// ----------------------------------------------------------------------------
-// gemm_sm90 against cuBLASLt, same epilogue (bf16 operands)
-
-typedef struct {
-    MatmulLtEpilogue epi;
-    int M, N, K, nsets;
-    void **x, **W;
-    void *bias;  // y's type (matmul_lt.h)
-    void *y;     // [M, N]
-} GemmBench;
-
-static void enqueue_gemm_lt(void *p, int set) {
-    GemmBench *b = p;
-    CB(matmul_lt(lt, b->epi, b->y, b->N, b->x[set], b->W[set], DTYPE_BF16, b->epi == MATMUL_LT_NONE ? NULL : b->bias,
-                 b->M, b->N, b->K, NULL, stream));
-}
-static void enqueue_gemm_sm90(void *p, int set) {
-    GemmBench *b = p;
-    CK(gemm_sm90(b->epi, b->y, b->N, b->x[set], b->W[set], b->bias, b->M, b->N, b->K, stream));
-}
-
-static void bench_gemm(MatmulLtEpilogue epi, int K, int N, int M) {
-    static const char *names[] = {"none", "bias", "bias+residual", "bias+gelu"};
-    GemmBench b = {epi, M, N, K, 0, NULL, NULL, NULL, NULL};
-    const DType yt = matmul_lt_ytype(epi, DTYPE_BF16);
-    const size_t wbytes = (size_t)N * K * 2, xbytes = (size_t)M * K * 2, ybytes = (size_t)M * N * dtype_size(yt);
-    b.nsets = nsets_for(wbytes + xbytes);
-    b.x = xmalloc(b.nsets * sizeof(void *));
-    b.W = xmalloc(b.nsets * sizeof(void *));
-    float *hw = xmalloc(wbytes * 2), *hx = xmalloc(xbytes * 2), *hb = xmalloc(N * sizeof(float));
-    for (int n = 0; n < N; n++) hb[n] = 0.1f * frand();
-    for (int i = 0; i < b.nsets; i++) {
-        for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = frand() * 0.03f;
-        for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = frand();
-        b.W[i] = upload_w(hw, (size_t)N * K, DTYPE_BF16);
-        b.x[i] = upload_w(hx, (size_t)M * K, DTYPE_BF16);
-    }
-    b.bias = upload_w(hb, N, yt);
-    CK(cudaMalloc(&b.y, ybytes));
-    // Validate on set 0 from y = 0 (the residual's start).
-    CK(cudaMemsetAsync(b.y, 0, ybytes, stream));
-    enqueue_gemm_lt(&b, 0);
-    float *ref = fetch(b.y, (size_t)M * N, yt);
-    CK(cudaMemsetAsync(b.y, 0, ybytes, stream));
-    enqueue_gemm_sm90(&b, 0);
-    float *out = fetch(b.y, (size_t)M * N, yt);
-    const double e = rel_l2(out, ref, (size_t)M * N);
-    free(out), free(ref);
-    const double tflop = 2.0 * M * N * K / 1e12;
-    if (!(e <= 1e-2)) {
-        printf("INVALID gemm_sm90 %s %d->%d M=%d: rel_l2 %.3g against cuBLASLt: not timed\n", names[epi], K, N, M, e);
-    } else {
-        const Timing ts = time_it(enqueue_gemm_sm90, &b, b.nsets), tl = time_it(enqueue_gemm_lt, &b, b.nsets);
-        printf("gemm %-13s %4d->%-5d M=%-5d | gemm_sm90 %8.2f us (eager %8.2f) %4.0f TFLOP/s | cuBLASLt %8.2f us "
-               "(eager %8.2f) %4.0f TFLOP/s | speedup %5.2fx | rel_l2 %.1e\n",
-               names[epi], K, N, M, ts.graph_us, ts.eager_us, tflop / ts.graph_us * 1e6, tl.graph_us, tl.eager_us,
-               tflop / tl.graph_us * 1e6, tl.graph_us / ts.graph_us, e);
-    }
-    fflush(stdout);
-    free(hw), free(hx), free(hb);
-    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
-    free(b.W), free(b.x);
-    cudaFree(b.bias), cudaFree(b.y);
-}
-
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
@@ -535,26 +468,6 @@ int main(int argc, char **argv) {
     }
     if (argc == 6 && !strcmp(argv[1], "--one-res")) {  // --one-res K N fp32|bf16 M: one projection (for ncu)
         bench_res(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]));
-        return 0;
-    }
-    if (argc >= 2 && !strcmp(argv[1], "--gemm")) {  // GPT-2 124M's products, bf16
-        if (!gemm_sm90_available()) {
-            printf("SKIP --gemm: gemm_sm90 needs compute capability 9.0 and a build with sm_90a code\n");
-            return 0;
-        }
-        static const struct {
-            MatmulLtEpilogue epi;
-            int K, N;
-        } products[] = {{MATMUL_LT_BIAS, 768, 2304},
-                        {MATMUL_LT_BIAS_RESIDUAL, 768, 768},
-                        {MATMUL_LT_BIAS_GELU, 768, 3072},
-                        {MATMUL_LT_BIAS_RESIDUAL, 3072, 768},
-                        {MATMUL_LT_NONE, 768, 50304}};
-        const int rows[] = {64, 128, 512, 1024, 4096, 8192};
-        const int nrows = argc > 2 ? argc - 2 : 6;
-        for (int mi = 0; mi < nrows; mi++)
-            for (int p = 0; p < 5; p++)
-                bench_gemm(products[p].epi, products[p].K, products[p].N, argc > 2 ? atoi(argv[2 + mi]) : rows[mi]);
         return 0;
     }
     const int shapes[][2] = {{768, 3072}, {1024, 4096}};

@@ -1,6 +1,5 @@
-// Tests of kernels/matmul_lt.h, the cuBLASLt products with their epilogue, and of kernels/gemm_sm90.h,
-// our Hopper GEMM with the same contract (bf16; every case it takes, where the device runs it), against
-// the same products through the reference table's separate steps (matmul_lt_unfused: cublasGemmEx into fp32, then
+// Tests of kernels/matmul_lt.h, the cuBLASLt products with their epilogue, against the same products
+// through the reference table's separate steps (matmul_lt_unfused: cublasGemmEx into fp32, then
 // bias_add, gelu_forward or residual_add_bias) on the same device inputs, fresh random data every
 // run (the seed is printed; GPT2_TEST_SEED repeats one).
 //
@@ -12,9 +11,7 @@
 // the least recently used, and an evicted shape comes back right), calls captured in a CUDA graph
 // (their plans built inside the capture, as a decode graph's first step builds them) replayed,
 // the timing of large products' candidates (tuning), and bad arguments; the logits' shape also
-// with padded output rows (ldy > N: only the N columns written). gemm_sm90 also: every tile shape
-// forced (GPT2_GEMM_TILE) on partial tiles, K of one step and of a step and a half, two calls chained
-// through PDL in a graph (the second reads the first's output), and the shapes it refuses.
+// with padded output rows (ldy > N: only the N columns written).
 //
 // Tolerance: rel_l2 = |lt - unfused| / |unfused| over the output <= 1e-5 fp32, 1e-2 bf16 (both sides
 // multiply the same bf16 operands in fp32 and add the same bias, bf16 values, widened on the unfused
@@ -35,7 +32,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "gemm_sm90.h"
 #include "matmul_lt.h"
 
 static MatmulLt *lt;
@@ -128,7 +124,6 @@ typedef struct {
     int big;        // large-magnitude data
     size_t offset;  // W, x, bias and y this many bytes past their 256-byte boundary
     int pad;        // matmul_lt's y rows N + pad apart
-    int sm90;       // through gemm_sm90 instead of matmul_lt
 } Case;
 
 // Device inputs and outputs of a case, and the host copies they were made from.
@@ -185,13 +180,6 @@ static void bufs_free(Bufs *b) {
 }
 
 static cublasStatus_t run_lt(const Case *c, const Bufs *b, void *y) {
-    if (c->sm90) {
-        const cudaError_t e = gemm_sm90(c->epilogue, y, (long long)ldy(c), b->x, b->W,
-                                        c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K, stream);
-        if (e != cudaSuccess) printf("# gemm_sm90: %s\n", cudaGetErrorString(e));
-        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS
-                                : e == cudaErrorInvalidValue ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_EXECUTION_FAILED;
-    }
     return matmul_lt(lt, c->epilogue, y, (long long)ldy(c), b->x, b->W, c->dt,
                      c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K, b->scratch, stream);
 }
@@ -232,8 +220,8 @@ static int judge(const char *name, const Case *c, const Bufs *b, float *out, con
 }
 
 static void case_name(char *name, size_t len, const Case *c, const char *what) {
-    snprintf(name, len, "%s %s %s M=%d N=%d K=%d%s%s%s", c->sm90 ? "gemm_sm90" : "matmul_lt", dtype_name(c->dt),
-             epilogue_name[c->epilogue], c->M, c->N, c->K, c->big ? " large-magnitude" : "", c->offset ? " misaligned" : "", what);
+    snprintf(name, len, "matmul_lt %s %s M=%d N=%d K=%d%s%s%s", dtype_name(c->dt), epilogue_name[c->epilogue], c->M,
+             c->N, c->K, c->big ? " large-magnitude" : "", c->offset ? " misaligned" : "", what);
 }
 
 static void run_case(const Case *c, const char *what) {
@@ -264,26 +252,6 @@ static void run_case(const Case *c, const char *what) {
 }
 
 // ----------------------------------------------------------------------------
-// GPT-2's products and awkward ones, at these rows
-
-static const struct {
-    MatmulLtEpilogue epilogue;
-    int N, K;
-} shapes[] = {
-    {MATMUL_LT_NONE, 50257, 768},          // the logits
-    {MATMUL_LT_NONE, 1000, 100},
-    {MATMUL_LT_BIAS, 2304, 768},           // qkv
-    {MATMUL_LT_BIAS, 1000, 3072},
-    {MATMUL_LT_BIAS_RESIDUAL, 768, 768},   // attention projection
-    {MATMUL_LT_BIAS_RESIDUAL, 768, 3072},  // MLP projection
-    {MATMUL_LT_BIAS_RESIDUAL, 1000, 100},
-    {MATMUL_LT_BIAS_GELU, 3072, 768},      // fc
-    {MATMUL_LT_BIAS_GELU, 1000, 100},
-};
-enum { NSHAPES = sizeof(shapes) / sizeof(shapes[0]) };
-static const int Ms[] = {5, 17, 64, 100, 1024, 4097};
-
-// ----------------------------------------------------------------------------
 // The plan cache, graphs, errors
 
 // One small fp32 NONE product of M rows through matmul_lt; its status.
@@ -312,7 +280,7 @@ static void test_cache(void) {
 
     // A product, then as many new shapes as the cache holds (it stays full), then the product
     // again: its plan was the least recently used, so it is built anew, and computes the same.
-    Case c = {MATMUL_LT_BIAS, DTYPE_BF16, 3, 1000, 100, 0, 0, 0, 0};
+    Case c = {MATMUL_LT_BIAS, DTYPE_BF16, 3, 1000, 100, 0, 0, 0};
     run_case(&c, " before eviction");
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     for (int m = 1; m <= MATMUL_LT_PLANS && st == CUBLAS_STATUS_SUCCESS; m++) st = small_product(y, x, W, m);
@@ -382,9 +350,9 @@ static void test_tuning(void) {
         test_skip("matmul_lt tuning", "GPT2_TEST_SMALL: products of ~20 GFLOP, each timed eight ways");
         return;
     }
-    const Case cases[] = {{MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4099, 768, 3072, 1, 0, 0, 0},
-                          {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 4099, 3072, 768, 0, 0, 0, 0},
-                          {MATMUL_LT_NONE, DTYPE_F32, 4099, 1000, 1024, 0, 0, 0, 0}};
+    const Case cases[] = {{MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4099, 768, 3072, 1, 0, 0},
+                          {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 4099, 3072, 768, 0, 0, 0},
+                          {MATMUL_LT_NONE, DTYPE_F32, 4099, 1000, 1024, 0, 0, 0}};
     MatmulLtStats a, b, c;
     const char *env = getenv("GPT2_LT_TUNE");
     if (env) {
@@ -418,7 +386,7 @@ static void test_tuning(void) {
               name, "tunings %lld -> %lld -> %lld, tuned plans %d -> %d, queries %lld -> %lld", a.tunings, b.tunings,
               c.tunings, a.tuned_plans, b.tuned_plans, b.heuristic_queries, c.heuristic_queries);
     }
-    Case captured = {MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4101, 768, 3072, 0, 0, 0, 0};
+    Case captured = {MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 4101, 768, 3072, 0, 0, 0};
     matmul_lt_stats(lt, &a);
     test_graph(captured);
     matmul_lt_stats(lt, &b);
@@ -460,105 +428,6 @@ static void test_bad_args(void) {
     matmul_lt_free(huge);
 }
 
-// ----------------------------------------------------------------------------
-// gemm_sm90 (bf16 only)
-
-static void test_sm90(void) {
-    // GPT-2's shapes and the awkward ones it takes (K a multiple of 8), at every M.
-    for (size_t si = 0; si < NSHAPES; si++)
-        for (int mi = 0; mi < 6; mi++) {
-            if (shapes[si].K % 8 || (small && (Ms[mi] > 100 || shapes[si].N > 3072))) continue;
-            Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0, 1};
-            run_case(&c, "");
-            c.pad = shapes[si].N == 50257 ? 47 : 0;
-            if (c.pad && Ms[mi] <= 100) run_case(&c, " ldy 50304");
-        }
-    // Every tile shape on partial tiles: M and N past a tile's edge (with clusters of two, M = 1, 77
-    // and 300 leave the second block's tile wholly past M), K of one step (64) plus 8, odd N (the last
-    // column stored alone), y's rows an odd number of elements apart (no vector stores).
-    static const char *tiles[] = {"128x256",   "128x192",   "128x128",  "64x256", "64x192",
-                                  "64x128",    "128x256c2", "128x192c2", "128x128c2"};
-    const char *env = getenv("GPT2_GEMM_TILE");
-    char saved[32] = "";
-    if (env) snprintf(saved, sizeof(saved), "%s", env);
-    for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); i++) {
-        char what[64];
-        snprintf(what, sizeof(what), " tile %s", tiles[i]);
-        setenv("GPT2_GEMM_TILE", tiles[i], 1);
-        const Case cases[] = {{MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 300, 1000, 72, 1, 0, 0, 1},
-                              {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 130, 777, 8, 0, 0, 2, 1},
-                              {MATMUL_LT_NONE, DTYPE_BF16, 77, 50257, 768, 0, 0, 47, 1},
-                              {MATMUL_LT_BIAS, DTYPE_BF16, 1, 2304, 136, 1, 0, 0, 1}};
-        for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) run_case(&cases[k], what);
-    }
-    if (env) setenv("GPT2_GEMM_TILE", saved, 1);
-    else unsetenv("GPT2_GEMM_TILE");
-    // Off the 256-byte boundary by 16 bytes (TMA needs 16).
-    for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++) {
-        Case c = {(MatmulLtEpilogue)ep, DTYPE_BF16, 33, 1000, 136, 0, 16, 0, 1};
-        run_case(&c, "");
-    }
-    for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++)
-        test_graph((Case){(MatmulLtEpilogue)ep, DTYPE_BF16, 77 + ep, 384, 256, 0, 0, 0, 1});
-
-    // Two products chained through PDL in a graph, as the engine's MLP runs them: h = gelu(x W1^T + b1)
-    // (bf16, poisoned before the replay), then r += h W2^T + b2, whose loads of h must wait for the
-    // first kernel to finish; against the unfused steps on the same inputs.
-    {
-        const Case c1 = {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 1000, 3072, 768, 0, 0, 0, 1};
-        const Case c2 = {MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 1000, 768, 3072, 0, 0, 0, 1};
-        const char *name = "gemm_sm90 bf16 bias+gelu -> bias+residual M=1000 chained in a graph";
-        Bufs b1, b2;
-        bufs_create(&b1, &c1);
-        bufs_create(&b2, &c2);
-        bufs_reset(&b1, &c1, b1.y_ref, c1.N);
-        cublasStatus_t st1 = run_unfused(&c1, &b1), st2;
-        b2.x = b1.y_ref;
-        float *ref = unfused_result(&c2, &b2, &st2);
-        cudaGraph_t graph = NULL;
-        cudaGraphExec_t exec = NULL;
-        cublasStatus_t s1 = CUBLAS_STATUS_NOT_INITIALIZED, s2 = CUBLAS_STATUS_NOT_INITIALIZED;
-        b2.x = b1.y_lt;
-        if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) {
-            s1 = run_lt(&c1, &b1, b1.y_lt);
-            s2 = run_lt(&c2, &b2, b2.y_lt);
-            if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture"))
-                cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-        }
-        if (!exec || st1 || st2 || s1 || s2) {
-            CHECK(0, name, "capture or call failed: %d %d %d %d", st1, st2, s1, s2);
-        } else {
-            bufs_reset(&b1, &c1, b1.y_lt, c1.N);
-            bufs_reset(&b2, &c2, b2.y_lt, c2.N);
-            cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
-            cuda_ok(cudaStreamSynchronize(stream), name);
-            float *out = download(b2.y_lt, (size_t)c2.M * c2.N, DTYPE_F32);
-            judge(name, &c2, &b2, out, ref);
-            free(out);
-        }
-        if (exec) cudaGraphExecDestroy(exec);
-        if (graph) cudaGraphDestroy(graph);
-        free(ref);
-        bufs_free(&b1), bufs_free(&b2);
-    }
-
-    // Shapes it refuses, with nothing launched; M = 0 does nothing.
-    void *base;
-    char *d = dev_buf(1 << 16, 0, &base);
-    const cudaError_t inv = cudaErrorInvalidValue;
-    cudaError_t e[6] = {
-        gemm_sm90(MATMUL_LT_NONE, d, 8, d, d, NULL, 8, 8, 100, stream),         // K % 8
-        gemm_sm90(MATMUL_LT_NONE, d, 8, d + 4, d, NULL, 8, 8, 64, stream),      // x not 16-byte aligned
-        gemm_sm90(MATMUL_LT_NONE, d, 7, d, d, NULL, 8, 8, 64, stream),          // ldy < N
-        gemm_sm90(MATMUL_LT_BIAS, d, 8, d, d, NULL, 8, 8, 64, stream),          // no bias
-        gemm_sm90((MatmulLtEpilogue)9, d, 8, d, d, d, 8, 8, 64, stream),
-        gemm_sm90(MATMUL_LT_NONE, d, 8, d, d, NULL, 0, 8, 64, stream),          // M = 0
-    };
-    CHECK(e[0] == inv && e[1] == inv && e[2] == inv && e[3] == inv && e[4] == inv && e[5] == cudaSuccess,
-          "gemm_sm90 bad arguments", "got %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5]);
-    cudaFree(base);
-}
-
 int main(void) {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -583,11 +452,26 @@ int main(void) {
         return test_exit_code();
     }
 
+    static const struct {
+        MatmulLtEpilogue epilogue;
+        int N, K;
+    } shapes[] = {
+        {MATMUL_LT_NONE, 50257, 768},          // the logits
+        {MATMUL_LT_NONE, 1000, 100},
+        {MATMUL_LT_BIAS, 2304, 768},           // qkv
+        {MATMUL_LT_BIAS, 1000, 3072},
+        {MATMUL_LT_BIAS_RESIDUAL, 768, 768},   // attention projection
+        {MATMUL_LT_BIAS_RESIDUAL, 768, 3072},  // MLP projection
+        {MATMUL_LT_BIAS_RESIDUAL, 1000, 100},
+        {MATMUL_LT_BIAS_GELU, 3072, 768},      // fc
+        {MATMUL_LT_BIAS_GELU, 1000, 100},
+    };
+    const int Ms[] = {5, 17, 64, 100, 1024, 4097};
     for (int dt = 0; dt < 2; dt++)
-        for (size_t si = 0; si < NSHAPES; si++)
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
             for (int mi = 0; mi < 6; mi++) {
                 if (small && (Ms[mi] > 100 || shapes[si].N > 3072)) continue;
-                Case c = {shapes[si].epilogue, (DType)dt, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0, 0};
+                Case c = {shapes[si].epilogue, (DType)dt, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0};
                 run_case(&c, "");
                 // The logits as the engine computes them: rows padded to a multiple of 64.
                 c.pad = shapes[si].N == 50257 ? 47 : 0;
@@ -596,19 +480,15 @@ int main(void) {
     // Off their alignment: W, x, bias and y 4 bytes past a 256-byte boundary.
     for (int dt = 0; dt < 2; dt++)
         for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++) {
-            Case c = {(MatmulLtEpilogue)ep, (DType)dt, 33, 1000, 100, 0, 4, 0, 0};
+            Case c = {(MatmulLtEpilogue)ep, (DType)dt, 33, 1000, 100, 0, 4, 0};
             run_case(&c, "");
         }
     test_cache();
     for (int dt = 0; dt < 2; dt++)
         for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++)
-            test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0, 0});
+            test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
     test_tuning();
     test_bad_args();
-    if (gemm_sm90_available())
-        test_sm90();
-    else
-        test_skip("gemm_sm90", "needs compute capability 9.0 and a build with sm_90a code (or GPT2_GEMM=cublaslt)");
 
     matmul_lt_free(lt);
     cublasDestroy(cublas);
