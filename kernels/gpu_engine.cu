@@ -371,8 +371,8 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 // were kernels. So a shape that comes back (B, T, pos and which logits: everything the enqueued
 // work bakes in; the tokens and the logits travel outside the graph) is captured at its second
 // forward and replayed from then on. The first forward of a shape stays eager: it builds the
-// cuBLASLt plans the capture then reuses (and, with GPT2_LT_TUNE=1, times their candidates, which
-// cannot happen inside a capture), and a prompt seen once would only pay for a capture. Only the
+// cuBLASLt plans the capture then reuses (and times the candidates of the large ones, which cannot
+// happen inside a capture), and a prompt seen once would only pay for a capture. Only the
 // fused table, whose ops are all capturable (as decode's graphs). Every forward synchronises before
 // it returns, so no graph is still running when a slot's is destroyed.
 

@@ -56,7 +56,7 @@ struct MatmulLt {
     cublasLtMatmulPreference_t pref;  // the workspace bound; alignments set per plan
     void *workspace;
     size_t workspace_bytes;
-    int tune;  // GPT2_LT_TUNE=1 at creation: time the candidates of large products
+    int tune;  // unless GPT2_LT_TUNE=0 at creation: time the candidates of large products
     Plan plans[MATMUL_LT_PLANS];
     unsigned long long clock;  // calls so far
     long long heuristic_queries, tunings;
@@ -86,26 +86,33 @@ static void plan_destroy(Plan *p) {
 }
 
 // ----------------------------------------------------------------------------
-// Tuning (GPT2_LT_TUNE=1; off by default): the heuristic's first algorithm is not always its
-// fastest. Measured on an H200 (docs/PERF.md, "Session 5"): alone, for 8192 rows the fastest of its
-// first eight runs GPT-2's qkv and fc products 1.15x and the logits 1.22x faster than its first;
-// for 64 and 1024 rows the gain is 0-6%. Inside the engine the 8 x 1024 forward gained 0.4 ms once,
-// but over later runs 0-0.3 ms, varying from run to run with the picks (4.44-4.79 ms against a
-// steady 4.75), so it is not the default: a pick made by timing also makes the results vary in
-// their last bits between runs. When on, the first call of a product of at least LT_TUNE_FLOPS
-// times each candidate on that call's own operands and keeps the fastest. Only outside a stream
-// capture (timing needs a synchronisation; a plan built while a graph is captured keeps the
-// heuristic's first), and only where the output can be
-// written freely: the residual epilogue reads and writes the residual stream, so its candidates
-// write into a temporary buffer instead (none is allocated: no tuning). Which candidate wins depends
-// on timings, so it is kept stable against noise: the earliest in the heuristic's order within
-// LT_TUNE_MARGIN of the fastest. Different algorithms may sum in a different order: results may
-// differ in the last bits from an untuned run, within the tests' tolerances.
+// Tuning (on by default; GPT2_LT_TUNE=0 turns it off): the heuristic's first algorithm is not
+// always its fastest. For 8192 rows on an H200 (docs/PERF.md, "Session 19") a later one of its
+// first eight runs GPT-2's qkv and fc products 1.15x and the logits 1.2x faster, which takes the
+// 8 x 1024 forward from 4.47 to 4.15-4.33 ms; for 64 and 1024 rows the gain is 0-6% and nothing in
+// the engine. The first call of a product of at least LT_TUNE_FLOPS times each candidate on that
+// call's own operands and keeps the fastest.
+//
+// How it times matters more than how often. Inside a forward a product meets its weights in
+// device memory, not in L2; timed back to back on the same operands (sessions 5-18) the candidates
+// ran from a warm L2, where their order differs: a 144 x 128 tile as fast as 128 x 128 alone was
+// 0.01 ms slower a call inside the forward, and the picks, and the forward, varied from run to
+// run (4.18-4.46 ms). So each sample is one call after a write of twice the L2's size has evicted
+// everything: the picks then agree with the forward's own best and were the same in every run.
+// Which candidate wins still depends on timings, so it is kept stable against noise: the earliest
+// in the heuristic's order within LT_TUNE_MARGIN of the fastest.
+//
+// Only outside a stream capture (timing needs a synchronisation; a plan built while a graph is
+// captured keeps the heuristic's first), and only where the output can be written freely: the
+// residual epilogue reads and writes the residual stream, so its candidates write into a temporary
+// buffer instead. Either buffer that cannot be allocated means no tuning. Different algorithms may
+// sum in a different order, so results may differ in the last bits from an untuned run (and from a
+// run whose timings picked another candidate), within the tests' tolerances; GPT2_LT_TUNE=0 keeps
+// the heuristic's first, the same bits every run.
 
 enum { LT_CANDIDATES = 8, LT_TIMED_RUNS = 5 };
 static const double LT_TUNE_FLOPS = 8e9;  // ~12 us at the 700 TFLOP/s an H200 reaches
 static const float LT_TUNE_MARGIN = 1.03f;
-static const float LT_SAMPLE_MS = 0.2f;
 
 static int worth_tuning(const MatmulLt *lt, const PlanKey *key, cudaStream_t stream) {
     if (!lt->tune || 2.0 * key->M * key->N * key->K < LT_TUNE_FLOPS) return 0;
@@ -113,27 +120,30 @@ static int worth_tuning(const MatmulLt *lt, const PlanKey *key, cudaStream_t str
     return cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone;
 }
 
-// Median time in ms of one call with algo, or -1 when the algorithm fails. A first call warms up and
-// sizes the samples: each times enough back-to-back calls to last LT_SAMPLE_MS, so that the events'
-// resolution (~1 us) stays well under the margin for products of ~10 us.
+// What the samples need besides the call's operands: two events and the buffer whose write evicts
+// the L2 before each call.
+typedef struct {
+    cudaEvent_t ev[2];
+    void *evict;
+    size_t evict_bytes;
+} Timer;
+
+// Median time in ms of one call with algo from a cold L2, or -1 when the algorithm fails. The first
+// call is a warm-up and not counted.
 static float time_algo(MatmulLt *lt, const Plan *p, const cublasLtMatmulAlgo_t *algo, const Call *c, void *d,
-                       cudaEvent_t ev[2]) {
+                       const Timer *tm) {
     const float one = 1.0f;
     float ms[LT_TIMED_RUNS];
-    int calls = 1;
     for (int r = -1; r < LT_TIMED_RUNS; r++) {
-        if (cudaEventRecord(ev[0], c->stream) != cudaSuccess) return -1;
-        for (int i = 0; i < calls; i++)
-            if (cublasLtMatmul(lt->handle, p->desc, &one, c->W, p->w_layout, c->x, p->x_layout, c->beta, d,
-                               p->y_layout, d, p->y_layout, algo, lt->workspace, lt->workspace_bytes,
-                               c->stream) != CUBLAS_STATUS_SUCCESS)
-                return -1;
-        float t;
-        if (cudaEventRecord(ev[1], c->stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
-            cudaEventElapsedTime(&t, ev[0], ev[1]) != cudaSuccess)
+        if (cudaMemsetAsync(tm->evict, r & 0xff, tm->evict_bytes, c->stream) != cudaSuccess ||
+            cudaEventRecord(tm->ev[0], c->stream) != cudaSuccess)
             return -1;
-        if (r < 0) calls = t >= LT_SAMPLE_MS ? 1 : t > 0 ? (int)(LT_SAMPLE_MS / t) + 1 : 64;
-        else ms[r] = t / calls;
+        if (cublasLtMatmul(lt->handle, p->desc, &one, c->W, p->w_layout, c->x, p->x_layout, c->beta, d, p->y_layout, d,
+                           p->y_layout, algo, lt->workspace, lt->workspace_bytes, c->stream) != CUBLAS_STATUS_SUCCESS)
+            return -1;
+        if (cudaEventRecord(tm->ev[1], c->stream) != cudaSuccess || cudaEventSynchronize(tm->ev[1]) != cudaSuccess ||
+            (r >= 0 && cudaEventElapsedTime(&ms[r], tm->ev[0], tm->ev[1]) != cudaSuccess))
+            return -1;
     }
     for (int i = 1; i < LT_TIMED_RUNS; i++)  // insertion sort: five values
         for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
@@ -145,39 +155,43 @@ static float time_algo(MatmulLt *lt, const Plan *p, const cublasLtMatmulAlgo_t *
 
 // The earliest candidate within LT_TUNE_MARGIN of the fastest, timed writing into d; -1 if none ran.
 static int fastest(MatmulLt *lt, const Plan *p, const cublasLtMatmulHeuristicResult_t *found, int count, const Call *c,
-                   void *d) {
-    cudaEvent_t ev[2];
-    if (cudaEventCreate(&ev[0]) != cudaSuccess) return -1;
-    if (cudaEventCreate(&ev[1]) != cudaSuccess) {
-        CUDA_WARN(cudaEventDestroy(ev[0]));
-        return -1;
-    }
+                   void *d, const Timer *tm) {
     float ms[LT_CANDIDATES], best = -1;
     for (int i = 0; i < count; i++) {
-        ms[i] = found[i].state == CUBLAS_STATUS_SUCCESS ? time_algo(lt, p, &found[i].algo, c, d, ev) : -1;
+        ms[i] = found[i].state == CUBLAS_STATUS_SUCCESS ? time_algo(lt, p, &found[i].algo, c, d, tm) : -1;
         if (ms[i] >= 0 && (best < 0 || ms[i] < best)) best = ms[i];
     }
-    CUDA_WARN(cudaEventDestroy(ev[0]));
-    CUDA_WARN(cudaEventDestroy(ev[1]));
     for (int i = 0; i < count; i++)
         if (ms[i] >= 0 && ms[i] <= best * LT_TUNE_MARGIN) return i;
     return -1;
 }
 
 // Sets p->algo to the fastest candidate for c's operands; on any failure it stays the heuristic's
-// first.
+// first. Out of memory is not sticky: the failed allocation's error is cleared and nothing is tuned.
 static void tune(MatmulLt *lt, Plan *p, const cublasLtMatmulHeuristicResult_t *found, int count, const Call *c) {
+    Timer tm = {{NULL, NULL}, NULL, 0};
     void *tmp = NULL;
-    if (p->key.epilogue == MATMUL_LT_BIAS_RESIDUAL) {  // C = D is the residual stream: time elsewhere
-        const size_t bytes = (size_t)p->key.M * p->key.ldy * sizeof(float);
-        if (cudaMalloc(&tmp, bytes) != cudaSuccess || cudaMemsetAsync(tmp, 0, bytes, c->stream) != cudaSuccess) {
-            (void)cudaGetLastError();  // out of memory is not sticky: clear it and skip the tuning
-            if (tmp) CUDA_WARN(cudaFree(tmp));
-            return;
-        }
-    }
-    const int pick = fastest(lt, p, found, count, c, tmp ? tmp : c->d);
+    int device, l2_bytes = 0, pick = -1;
+    const size_t residual_bytes = (size_t)p->key.M * p->key.ldy * sizeof(float);
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess)
+        goto done;
+    tm.evict_bytes = 2 * (size_t)(l2_bytes > 0 ? l2_bytes : 64 << 20);
+    if (cudaMalloc(&tm.evict, tm.evict_bytes) != cudaSuccess || cudaEventCreate(&tm.ev[0]) != cudaSuccess ||
+        cudaEventCreate(&tm.ev[1]) != cudaSuccess)
+        goto done;
+    // C = D is the residual stream: time elsewhere.
+    if (p->key.epilogue == MATMUL_LT_BIAS_RESIDUAL &&
+        (cudaMalloc(&tmp, residual_bytes) != cudaSuccess ||
+         cudaMemsetAsync(tmp, 0, residual_bytes, c->stream) != cudaSuccess))
+        goto done;
+    pick = fastest(lt, p, found, count, c, tmp ? tmp : c->d, &tm);
+done:
+    if (pick < 0) (void)cudaGetLastError();
     if (tmp) CUDA_WARN(cudaFree(tmp));
+    if (tm.evict) CUDA_WARN(cudaFree(tm.evict));
+    for (int i = 0; i < 2; i++)
+        if (tm.ev[i]) CUDA_WARN(cudaEventDestroy(tm.ev[i]));
     if (pick < 0) return;
     p->algo = found[pick].algo;
     p->tuned = 1;
@@ -264,7 +278,7 @@ static int lt_init(MatmulLt *lt, size_t workspace_bytes, Error *err) {
     if (gpu_alloc(&lt->workspace, workspace_bytes, "the cuBLASLt workspace", err)) return -1;
     lt->workspace_bytes = workspace_bytes;
     const char *tune = getenv("GPT2_LT_TUNE");
-    lt->tune = tune && !strcmp(tune, "1");
+    lt->tune = !(tune && !strcmp(tune, "0"));
     return 0;
 }
 

@@ -341,10 +341,23 @@ static void test_graph(Case c) {
     bufs_free(&b);
 }
 
-// Tuning (matmul_lt.h, GPT2_LT_TUNE=1): the first call of a large product times the heuristic's
+// A context created with GPT2_LT_TUNE set to `value` (NULL: unset), the variable then restored.
+static MatmulLt *context_with_tune(const char *value, Error *err) {
+    const char *saved = getenv("GPT2_LT_TUNE");
+    char *copy = saved ? strdup(saved) : NULL;
+    if (value) setenv("GPT2_LT_TUNE", value, 1);
+    else unsetenv("GPT2_LT_TUNE");
+    MatmulLt *ctx = matmul_lt_create((size_t)32 << 20, err);
+    if (copy) setenv("GPT2_LT_TUNE", copy, 1);
+    else unsetenv("GPT2_LT_TUNE");
+    free(copy);
+    return ctx;
+}
+
+// Tuning (matmul_lt.h): by default the first call of a large product times the heuristic's
 // candidates and keeps one, and the result is right (the residual epilogue's candidates must leave
 // the residual alone: run_case judges what one call added); a second call does not tune again; a
-// plan built inside a stream capture is not tuned. Without the variable nothing is tuned.
+// plan built inside a stream capture is not tuned. GPT2_LT_TUNE=0 tunes nothing.
 static void test_tuning(void) {
     if (small) {
         test_skip("matmul_lt tuning", "GPT2_TEST_SMALL: products of ~20 GFLOP, each timed eight ways");
@@ -354,25 +367,22 @@ static void test_tuning(void) {
                           {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 4099, 3072, 768, 0, 0, 0},
                           {MATMUL_LT_NONE, DTYPE_F32, 4099, 1000, 1024, 0, 0, 0}};
     MatmulLtStats a, b, c;
-    const char *env = getenv("GPT2_LT_TUNE");
-    if (env) {
-        test_skip("matmul_lt tuning: off by default", "GPT2_LT_TUNE is set");
-    } else {
-        run_case(&cases[1], " untuned");
-        matmul_lt_stats(lt, &a);
-        CHECK(a.tunings == 0, "matmul_lt tuning: off by default", "%lld tunings", a.tunings);
-    }
-
+    MatmulLt *const shared = lt;  // run_case and test_graph call through `lt`
     Error err = {0};
-    setenv("GPT2_LT_TUNE", "1", 1);
-    MatmulLt *tuned = matmul_lt_create((size_t)32 << 20, &err), *untuned = lt;
-    if (env) setenv("GPT2_LT_TUNE", env, 1);
-    else unsetenv("GPT2_LT_TUNE");
+    MatmulLt *untuned = context_with_tune("0", &err), *tuned = untuned ? context_with_tune(NULL, &err) : NULL;
     if (!tuned) {
         CHECK(0, "matmul_lt tuning", "matmul_lt_create failed: %s", err.msg);
+        matmul_lt_free(untuned);
         return;
     }
-    lt = tuned;  // run_case and test_graph call through `lt`
+
+    lt = untuned;
+    run_case(&cases[1], " with GPT2_LT_TUNE=0");
+    matmul_lt_stats(lt, &a);
+    CHECK(a.tunings == 0 && a.tuned_plans == 0, "matmul_lt tuning: none with GPT2_LT_TUNE=0",
+          "%lld tunings, %d tuned plans", a.tunings, a.tuned_plans);
+
+    lt = tuned;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char name[200];
         case_name(name, sizeof(name), &cases[i], " tuned on its first call");
@@ -393,8 +403,9 @@ static void test_tuning(void) {
     CHECK(b.tunings == a.tunings && b.heuristic_queries == a.heuristic_queries + 1,
           "matmul_lt tuning: none for a plan built inside a capture", "tunings %lld -> %lld, queries %lld -> %lld",
           a.tunings, b.tunings, a.heuristic_queries, b.heuristic_queries);
-    lt = untuned;
+    lt = shared;
     matmul_lt_free(tuned);
+    matmul_lt_free(untuned);
 }
 
 // Bad arguments come back as CUBLAS_STATUS_INVALID_VALUE with nothing launched; M = 0 does nothing.
