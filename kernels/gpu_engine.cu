@@ -476,7 +476,8 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 #undef MARK
 
 // ----------------------------------------------------------------------------
-// Decode: one token per sequence, sampled on the device, replayed as a CUDA graph
+// Decode: one token per sequence, sampled on the device, replayed as a CUDA graph; and the
+// prompt's first new token, sampled on the device after its forward
 
 // The step as enqueued work: the staging area in, the model at T = 1, the sampler, the ids out.
 static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int in_graph, Error *err) {
@@ -508,23 +509,46 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
     return rc;
 }
 
-static int gpu_decode(Engine *e, const int *tokens, int B, int pos, const Sampler *smp, const float *u, int *next,
-                      Error *err) {
+// A prompt (T > 1): the forward as gpu_forward_impl runs it (its graph once the shape repeats),
+// then the sampler on each sequence's last row, with no synchronisation between them. The draws
+// go through the staging area, which gpu_decode has filled.
+static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, Error *err) {
+    GpuState *s = &g->s;
+    cudaStream_t stream = s->stream;
+    int mb = s->max_batch, *next = g->io_dev + 1 + 2 * mb, unused = 0;
+    float *draws = (float *)(g->io_dev + 1 + mb);
+    GpuStep st = {B, T, pos, B * T, NULL};
+    CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
+    CUDA_TRY(cudaMemcpyAsync(draws, g->io_host + 1 + mb, (size_t)B * sizeof(float), cudaMemcpyHostToDevice, stream));
+    if (run_model(g, &st, 0, 0, &unused, NULL, NULL, err)) return -1;
+    CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws, next,
+                              g->sampling_ws, g->sampling_ws_bytes, stream));
+    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    return 0;
+}
+
+static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
+                      int *next, Error *err) {
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
     if (!device_sampling_supported(smp->temperature, smp->top_k, s->V)) return 0;
-    if (check_step(s, tokens, B, 1, pos, err)) return -1;
+    if (check_step(s, tokens, B, T, pos, err)) return -1;
     int mb = s->max_batch;
     g->io_host[0] = pos;
-    memcpy(g->io_host + 1, tokens, (size_t)B * sizeof(int));
     memcpy(g->io_host + 1 + mb, u, (size_t)B * sizeof(float));
-    if (g->ops->device_position) {
-        DecodeGraph *dg = &g->graphs[B];
-        if (!dg->exec || dg->temperature != smp->temperature || dg->top_k != smp->top_k || dg->top_p != smp->top_p)
-            if (capture_decode(g, dg, B, pos, smp, err)) return -1;
-        CUDA_TRY(cudaGraphLaunch(dg->exec, s->stream));
-    } else if (enqueue_decode(g, B, pos, smp, 0, err)) {
-        return -1;
+    if (T > 1) {
+        if (enqueue_prompt(g, tokens, B, T, pos, smp, err)) return -1;
+    } else {
+        memcpy(g->io_host + 1, tokens, (size_t)B * sizeof(int));
+        if (g->ops->device_position) {
+            DecodeGraph *dg = &g->graphs[B];
+            if (!dg->exec || dg->temperature != smp->temperature || dg->top_k != smp->top_k ||
+                dg->top_p != smp->top_p)
+                if (capture_decode(g, dg, B, pos, smp, err)) return -1;
+            CUDA_TRY(cudaGraphLaunch(dg->exec, s->stream));
+        } else if (enqueue_decode(g, B, pos, smp, 0, err)) {
+            return -1;
+        }
     }
     CUDA_TRY(cudaStreamSynchronize(s->stream));
     memcpy(next, g->io_host + 1 + 2 * mb, (size_t)B * sizeof(int));

@@ -2,7 +2,9 @@
 //
 // For each path (fused, reference; the CPU with --cpu) and each dtype the model allows (an fp32
 // model: fp32 and bf16; a bf16 one: bf16), through the Engine API that generation uses:
-//   prefill   time to first token of one sequence, prompt lengths 16, 128, 512, 1024
+//   prefill   time to first token of one sequence, prompt lengths 16, 128, 512, 1024: the prompt's
+//             forward and the greedy pick of the next token, as generation runs them (on the GPU
+//             the pick is made on the device and only its id comes back)
 //   forward   8 x 1024 tokens with every position's logits (what validate and scoring need); on
 //             the GPU the logits stay on the device (1.65 GB of fp32 would otherwise time a host
 //             copy, not the engine), as PyTorch's figures are taken
@@ -369,7 +371,7 @@ static int check_engine(Bench *b, Engine *e, BenchPath path, DType dt) {
         sampler_create(&greedy, V, 0.0f, 0, 1.0f, 1);
         int *next = xmalloc(B * sizeof(int)), picks_ok = 1;
         float *scratch = xmalloc((size_t)B * V * sizeof(float));
-        if (engine_decode(e, last, B, T - 1, &greedy, scratch, next, &err)) {
+        if (engine_decode(e, last, B, 1, T - 1, &greedy, scratch, next, &err)) {
             fprintf(stderr, "\ngpt2: bench: %s %s: %s\n", path_names[path], dtype_name(dt), err.msg);
             picks_ok = 0;
         }
@@ -407,12 +409,13 @@ static int check_engine(Bench *b, Engine *e, BenchPath path, DType dt) {
 // ----------------------------------------------------------------------------
 // The workloads
 
-// One decode step as generation runs it: B tokens in at position pos, each sequence's next token
-// out, greedy. engine_decode samples on the device where the engine can (only ids cross to the
-// host), else it brings the B rows of logits to the host and picks there.
-static int decode_step(Engine *e, const int *tokens, int B, int pos, Sampler *greedy, float *logits, int *next,
+// A step as generation runs it: tokens [B, T] in at positions [pos, pos + T) (the prompt, or one
+// token a decode step), each sequence's next token out, greedy. engine_decode samples on the device
+// where the engine can (only ids cross to the host), else it brings the B rows of logits to the
+// host and picks there.
+static int next_tokens(Engine *e, const int *tokens, int B, int T, int pos, Sampler *greedy, float *logits, int *next,
                        Error *err) {
-    return engine_decode(e, tokens, B, pos, greedy, logits, next, err);
+    return engine_decode(e, tokens, B, T, pos, greedy, logits, next, err);
 }
 
 // Bytes one decode step must read from device memory: every weight once in the compute dtype
@@ -431,16 +434,20 @@ static void run_prefill(Bench *b, Engine *e, BenchPath path, DType dt, int P, fl
     int *tokens = xmalloc((size_t)P * sizeof(int));
     fill_tokens(tokens, P, b->model->config.vocab_size, 7 + P);
     double *t = xmalloc(a->runs * sizeof(double));
+    Sampler greedy;
+    sampler_create(&greedy, b->model->config.vocab_size, 0.0f, 0, 1.0f, 1);
     Error err;
+    int first;
     for (int r = 0; r < a->warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s prefill %d: run %d/%d", path_names[path], dtype_name(dt), P, r + 1, a->warmup + a->runs);
         double t0 = timer_start(b);
-        if (e->forward(e, tokens, 1, P, 0, logits, 0, &err)) die("%s", err.msg);
+        if (next_tokens(e, tokens, 1, P, 0, &greedy, logits, &first, &err)) die("%s", err.msg);
         double ms = timer_stop(b, t0);
         if (r >= a->warmup) t[r - a->warmup] = ms;
     }
     double ms = median(t, a->runs);
     add_result(b, (Result){path, dt, "prefill", 1, P, 0, ms, P * 1e3 / ms, -1, 0, -1});
+    sampler_free(&greedy);
     free(tokens), free(t);
 }
 
@@ -478,11 +485,10 @@ static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int
     for (int r = 0; r < warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s decode batch %d, %d new: run %d/%d", path_names[path], dtype_name(dt), B, N, r + 1,
                  warmup + a->runs);
-        if (e->forward(e, prompt, B, P, 0, logits, 0, &err)) die("%s", err.msg);
-        for (int s = 0; s < B; s++) cur[s] = sampler_sample(&greedy, logits + (size_t)s * V);
+        if (next_tokens(e, prompt, B, P, 0, &greedy, logits, cur, &err)) die("%s", err.msg);
         double t0 = timer_start(b);
         for (int i = 0; i < N; i++) {
-            if (decode_step(e, cur, B, P + i, &greedy, logits, next, &err)) die("%s", err.msg);
+            if (next_tokens(e, cur, B, 1, P + i, &greedy, logits, next, &err)) die("%s", err.msg);
             int *swap = cur;
             cur = next, next = swap;
         }
@@ -615,7 +621,8 @@ static void print_table(const Bench *b) {
         printf("%-9s %-4s %-7s %5d %6d %5s %10.3f %12.1f %9s %10s\n", path_names[r->path], dtype_name(r->dtype),
                r->phase, r->batch, r->prompt_len, nw, r->ms, r->tok_s, roof, dev);
     }
-    printf("prefill: ms to the first token of one sequence; forward: %d x %d tokens, every position's logits to the "
+    printf("prefill: ms to the first token of one sequence (the prompt's forward and its greedy pick, on the device "
+           "where the engine samples there); forward: %d x %d tokens, every position's logits to the "
            "host (the GPU's: kept on the device); on the GPU both repeat one shape, so after the warm-up they replay a "
            "CUDA graph (GPT2_FORWARD_GRAPH=0: eager, as a prompt's first forward runs);\ndecode: ms per step and generated tokens/s, %d greedy tokens after a "
            "%d-token prompt (generation's step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the "

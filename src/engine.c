@@ -57,15 +57,15 @@ void engine_free(Engine *e) {
     if (e) e->free(e);
 }
 
-int engine_decode(Engine *e, const int *tokens, int B, int pos, Sampler *sampler, float *logits, int *next,
+int engine_decode(Engine *e, const int *tokens, int B, int T, int pos, Sampler *sampler, float *logits, int *next,
                   Error *err) {
     float u[B];
     for (int b = 0; b < B; b++) u[b] = sampler_draw(sampler);
     if (e->decode) {
-        int done = e->decode(e, tokens, B, pos, sampler, u, next, err);
+        int done = e->decode(e, tokens, B, T, pos, sampler, u, next, err);
         if (done != 0) return done < 0 ? -1 : 0;
     }
-    if (e->forward(e, tokens, B, 1, pos, logits, 0, err)) return -1;
+    if (e->forward(e, tokens, B, T, pos, logits, 0, err)) return -1;
     for (int b = 0; b < B; b++) next[b] = sampler_pick(sampler, logits + (size_t)b * e->config.vocab_size, u[b]);
     return 0;
 }

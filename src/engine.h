@@ -35,12 +35,13 @@ struct Engine {
     // forward without the host copy, as PyTorch's figures are taken); the CPU engine needs them.
     int (*forward)(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
                    Error *err);
-    // One decode step that samples where the logits are (NULL: forward + the host sampler). Feeds
-    // tokens[b] at position pos and writes each sequence's next token to next[b], chosen as
+    // A step that samples where the logits are (NULL: forward + the host sampler). Feeds tokens
+    // [B, T] at positions [pos, pos + T) (a prompt, or T = 1: a decode step) and writes each
+    // sequence's next token to next[b], chosen from its last position's logits as
     // sampler_pick(sampler, logits, u[b]) would. Returns 1 when it did the step, 0 when it cannot
     // sample with these settings (the caller falls back), -1 on error.
-    int (*decode)(Engine *e, const int *tokens, int B, int pos, const Sampler *sampler, const float *u, int *next,
-                  Error *err);
+    int (*decode)(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *sampler, const float *u,
+                  int *next, Error *err);
     void (*free)(Engine *e);
 };
 
@@ -49,10 +50,11 @@ struct Engine {
 Engine *engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err);
 void engine_free(Engine *e);
 
-// One decode step for B sequences: tokens[b] at position pos in, next[b] out, one draw of the
-// sampler per sequence. Uses the engine's own decode where it can (on the GPU: only ids cross to
-// the host), else forward into logits ([B, V] host scratch) and the host sampler.
-int engine_decode(Engine *e, const int *tokens, int B, int pos, Sampler *sampler, float *logits, int *next,
+// The next token of B sequences: tokens [B, T] at positions [pos, pos + T) in (the prompt, or one
+// token per decode step), next[b] out, one draw of the sampler per sequence. Uses the engine's own
+// decode where it can (on the GPU: only ids cross to the host), else forward into logits ([B, V]
+// host scratch) and the host sampler.
+int engine_decode(Engine *e, const int *tokens, int B, int T, int pos, Sampler *sampler, float *logits, int *next,
                   Error *err);
 
 // The CPU engine (cpu_engine.c).

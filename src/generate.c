@@ -199,14 +199,11 @@ int cmd_generate(int argc, char **argv) {
     // The prefill gives the first new token; each decode step feeds the last one at the next position.
     int *next = xmalloc(B * sizeof(int));
     double t0 = now_ms();
-    if (n_new > 0) {
-        if (engine->forward(engine, tokens, B, P, 0, logits, 0, &err)) die("%s", err.msg);
-        for (int b = 0; b < B; b++) next[b] = sampler_sample(&sampler, logits + (size_t)b * V);
-    }
+    if (n_new > 0 && engine_decode(engine, tokens, B, P, 0, &sampler, logits, next, &err)) die("%s", err.msg);
     double t_prefill = now_ms() - t0;
     int steps = 0, live = B;
     for (int pos = P; steps < n_new && live > 0; pos++, steps++) {
-        if (steps > 0 && engine_decode(engine, tokens, B, pos - 1, &sampler, logits, next, &err)) die("%s", err.msg);
+        if (steps > 0 && engine_decode(engine, tokens, B, 1, pos - 1, &sampler, logits, next, &err)) die("%s", err.msg);
         for (int b = 0; b < B; b++) {
             tokens[b] = next[b];  // the next step's input
             if (done[b]) continue;
