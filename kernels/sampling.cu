@@ -11,8 +11,8 @@
 // 256 threads), block s owning the contiguous chunk [s*C, (s+1)*C). Each block reads its chunk
 // once and writes its candidates to the workspace:
 //   greedy: the chunk's (largest logit, lowest index);
-//   top-k:  the chunk's k best by (logit desc, id asc), in id order. The k best of the row are
-//           among them: a logit beaten by k others in its own chunk is beaten by k in the row.
+//   top-k:  the chunk's k best by (logit desc, id asc). The k best of the row are among them: a
+//           logit beaten by k others in its own chunk is beaten by k in the row.
 // The last of a row's blocks to finish (a counter per row, left at zero for the next call or
 // graph replay) merges the S partials: for greedy the best of S; for top-k the k best of the S*k
 // candidates, then the probabilities, the rank by (p desc, id asc), the nucleus and the pick.
@@ -21,15 +21,18 @@
 // large batch. Workspace, per row: the counter and room for 32 x 256 candidates (64 KB), the same
 // for every call, so one zeroed workspace serves every batch and vocabulary.
 //
-// Selection is a radix select over the logits' order-preserving 32-bit keys, held in shared
-// memory: four 8-bit digits at most, one histogram pass each, stopping early once a digit takes
-// its whole bin (usually after two or three). Ties at the threshold go to the lower position,
-// and positions are in id order in both selections, so the lower id wins: the tie order of the
-// host's final (p desc, id asc) sort.
+// Selection is a radix select over 64-bit rank keys, the logit's order-preserving key above the
+// complement of its id, so that the order is (logit desc, id asc) with no two keys equal: tied
+// logits go to the lower id (the tie order of the host's final (p desc, id asc) sort) without a
+// pass of their own. Each thread holds its keys in registers (up to 32): one histogram pass per
+// 8-bit digit, scanned by one warp, two block barriers a pass, stopping once a digit's bin is
+// taken whole (usually within the logit's four digits); then one shared-memory atomic a warp
+// hands out the selected keys' slots. That is 1.6-2.1x faster than keys in shared memory, a block
+// scan per digit and a gather in id order (docs/PERF.md, "Session 20").
 //
 // The nucleus sums are sequential float adds in the host's order (one thread), so the kept mass
 // and the pick match the host's to the bit; only expf may differ by an ulp from the host's.
-#include <cub/block/block_scan.cuh>
+#include <cuda/atomic>
 
 #include <algorithm>
 #include <climits>
@@ -40,15 +43,18 @@
 
 namespace {
 
-constexpr int kThreads = 256;  // one histogram bin per thread in the radix select
+constexpr int kThreads = 256;  // each clears one of the radix select's 256 digit bins
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSplits = 32;                                     // blocks per row
-constexpr int kMaxChunk = DEVICE_SAMPLING_MAX_VOCAB / kMaxSplits;  // logits per block: 32 KB of keys
-constexpr int kMaxCandidates = kMaxSplits * kMaxDeviceTopK;        // the merge's keys: 32 KB
+constexpr int kMaxChunk = DEVICE_SAMPLING_MAX_VOCAB / kMaxSplits;  // logits per block
+constexpr int kMaxCandidates = kMaxSplits * kMaxDeviceTopK;        // the merge's keys
+constexpr int kMaxPerThread = 32;  // rank keys a thread holds in registers: one bit each in a mask
 constexpr int kMaxBlocks = 1024;  // S x B: about one wave of 256-thread blocks on an H100 or H200
-static_assert(kThreads == 256, "the radix select gives each thread one of 256 digit bins");
+static_assert(kThreads == 256, "each thread clears one of the radix select's 256 digit bins");
 static_assert(kMaxDeviceTopK <= kThreads, "the pick ranks one candidate per thread");
 static_assert(kMaxSplits <= 32, "the greedy merge takes one partial per lane of a warp");
+static_assert(kMaxChunk <= kMaxPerThread * kThreads && kMaxCandidates <= kMaxPerThread * kThreads,
+              "a chunk and the merge's candidates fit the threads' registers");
 
 // ----------------------------------------------------------------------------
 // Keys and the end of a block's share
@@ -66,14 +72,16 @@ __device__ __forceinline__ float key_float(unsigned key) {
 
 // Called by every thread once its writes to the row's workspace are done. True in the last of the
 // row's `splits` blocks to arrive, which then sees all their writes (read them with __ldcg); that
-// block also sets the counter back to zero for the next call.
+// block also sets the counter back to zero for the next call. The barrier orders the block's
+// writes before thread 0's increment, whose release publishes them and whose acquire, in the last
+// block, makes the others' visible to the threads after the second barrier (CUTLASS's semaphore
+// pattern; 0.3 us faster than a fence in every thread).
 __device__ bool last_to_arrive(unsigned *counter, int splits, unsigned *ticket) {
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) *ticket = atomicAdd(counter, 1u);
+    if (threadIdx.x == 0)
+        *ticket = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*counter).fetch_add(1u, cuda::memory_order_acq_rel);
     __syncthreads();
     if (*ticket != (unsigned)splits - 1) return false;
-    __threadfence();
     if (threadIdx.x == 0) *counter = 0;
     return true;
 }
@@ -134,91 +142,111 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ----------------------------------------------------------------------------
-// Top-k: radix select and gather over keys in shared memory
+// Top-k: radix select over rank keys held in registers
 
-using Scan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+// A candidate's rank key: the logit's key above, the complement of its id below. Larger means
+// earlier in (logit desc, id asc), the host's order for equal probabilities, and no two candidates
+// share a rank key, so every selection is exact and ties need no separate pass.
+__device__ __forceinline__ unsigned long long rank_key(unsigned key, int id) {
+    return (unsigned long long)key << 32 | (0xffffffffu - (unsigned)id);
+}
+__device__ __forceinline__ unsigned rank_logit_key(unsigned long long rk) { return (unsigned)(rk >> 32); }
+__device__ __forceinline__ int rank_id(unsigned long long rk) { return (int)(0xffffffffu - (unsigned)rk); }
+
+// The selected rank keys: those whose bits under mask are at least prefix.
+struct Selection {
+    unsigned long long prefix, mask;
+};
 
 struct SelectShared {
-    typename Scan::TempStorage scan;
-    unsigned hist[256];  // zero between passes: each pass's reader clears its bin
-    int warp_above[kWarps], warp_equal[kWarps];
-    unsigned prefix;
+    alignas(16) unsigned hist[256];  // zero between passes: the scanning warp clears each bin it reads
+    unsigned long long prefix;
     int need, exact;
+    unsigned taken;  // the gather's next free slot; zero once a selection returns
 };
 
-// The k largest of keys[0, n): those whose bits under mask exceed prefix, and the first
-// take_equal (lowest positions) whose bits under mask equal it.
-struct Selection {
-    unsigned prefix, mask;
-    int take_equal;
-};
+// Warp 0, after a histogram pass at `shift`: the digit whose bin holds the need-th largest of the
+// keys still in play (lane l scans digits 255 - 8l down to 248 - 8l), clearing every bin.
+__device__ void find_digit(Selection sel, int need, int shift, SelectShared &sh) {
+    const int lane = threadIdx.x & 31;
+    // Two 16-byte loads and stores a lane: bins 248 - 8l .. 255 - 8l, count[i] = digit 255 - 8l - i.
+    uint4 *bins = reinterpret_cast<uint4 *>(sh.hist) + 2 * (31 - lane);
+    const uint4 low = bins[0], high = bins[1];
+    bins[0] = bins[1] = make_uint4(0u, 0u, 0u, 0u);
+    const unsigned count[8] = {high.w, high.z, high.y, high.x, low.w, low.z, low.y, low.x};
+    unsigned total = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) total += count[i];
+    unsigned above = total;  // inclusive scan over the lanes, then exclusive
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned t = __shfl_up_sync(0xffffffffu, above, o);
+        if (lane >= o) above += t;
+    }
+    above -= total;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (above < (unsigned)need && (unsigned)need <= above + count[i]) {
+            sh.prefix = sel.prefix | (unsigned long long)(255 - 8 * lane - i) << shift;
+            sh.need = need - (int)above;
+            sh.exact = above + count[i] == (unsigned)need;  // the whole bin is taken: no finer digit needed
+        }
+        above += count[i];
+    }
+}
 
-__device__ Selection radix_select(const unsigned *keys, int n, int k, SelectShared &sh) {
+// The k largest of the n rank keys spread over the block, thread t holding rk[j] for position
+// t + j * kThreads (those at n and past it are ignored): exactly min(k, n) of them are selected.
+// One pass per 8-bit digit from the top, each a histogram of the keys still in play and a scan by
+// one warp; it stops once a digit's bin is taken whole, usually within the logit's key.
+template <int KPT>
+__device__ Selection radix_select(const unsigned long long (&rk)[KPT], int n, int k, SelectShared &sh) {
     const int tid = threadIdx.x;
-    if (n <= k) return Selection{0u, 0u, n};
-    Selection sel = {0u, 0u, k};
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        // Logits crowd into a few digit values (the top digit is sign and exponent), so the lanes
-        // of a warp that share a bin add once, through their leader: fewer colliding atomics.
-        for (int base = 0; base < n; base += kThreads) {
-            const int i = base + tid;
-            const unsigned key = i < n ? keys[i] : 0u;
-            const unsigned bin = i < n && (key & sel.mask) == sel.prefix ? (key >> shift) & 255u : 256u;
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], (unsigned)__popc(peers));
-        }
+    Selection sel = {0ull, 0ull};
+    if (n <= k) return sel;
+    int need = k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        // Plain atomics: lanes of a warp that share a bin (logits crowd into a few values of the top
+        // digit, sign and exponent) cost the hardware a replay each, which is still 1.35-1.5x
+        // faster than grouping them first with __match_any_sync (docs/PERF.md, "Session 20").
+#pragma unroll
+        for (int j = 0; j < KPT; j++)
+            if (tid + j * kThreads < n && (rk[j] & sel.mask) == sel.prefix)
+                atomicAdd(&sh.hist[(unsigned)(rk[j] >> shift) & 255u], 1u);
         __syncthreads();
-        // Thread t holds digit 255 - t: an inclusive scan counts the keys at this digit or above.
-        const int digit = 255 - tid;
-        const int count = (int)sh.hist[digit];
-        sh.hist[digit] = 0;
-        int at_or_above;
-        Scan(sh.scan).InclusiveSum(count, at_or_above);
-        const int above = at_or_above - count;
-        if (above < sel.take_equal && sel.take_equal <= at_or_above) {
-            sh.prefix = sel.prefix | (unsigned)digit << shift;
-            sh.need = sel.take_equal - above;
-            sh.exact = at_or_above == sel.take_equal;  // the whole bin is taken: no finer digit needed
-        }
+        if (tid < 32) find_digit(sel, need, shift, sh);
         __syncthreads();
-        sel = Selection{sh.prefix, sel.mask | 255u << shift, sh.need};
+        sel = Selection{sh.prefix, sel.mask | 255ull << shift};
+        need = sh.need;
         if (sh.exact) break;
     }
     return sel;
 }
 
-// emit(out, i) for each selected position i, out = its place among the selected in position
-// order. Each warp walks a contiguous span 32 keys at a time; ballots rank within the warp.
-template <typename Emit>
-__device__ void gather(const unsigned *keys, int n, Selection sel, SelectShared &sh, Emit emit) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int span = (n + kThreads - 1) / kThreads * 32;
-    const int lo = min(n, warp * span), hi = min(n, lo + span);
-    const unsigned lanes_below = (1u << lane) - 1;
-    int above = 0, equal = 0;
-    for (int base = lo; base < hi; base += 32) {
-        const int i = base + lane;
-        const unsigned bits = i < hi ? keys[i] & sel.mask : 0u;
-        above += __popc(__ballot_sync(0xffffffffu, i < hi && bits > sel.prefix));
-        equal += __popc(__ballot_sync(0xffffffffu, i < hi && bits == sel.prefix));
+// emit(slot, j) for each selected rk[j] of this thread, slots 0.. in no particular order: one
+// shared-memory atomic a warp. Call with sh.taken at zero; it leaves it at zero for the next.
+template <int KPT, typename Emit>
+__device__ void gather(const unsigned long long (&rk)[KPT], int n, Selection sel, SelectShared &sh, Emit emit) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    unsigned mine = 0;
+#pragma unroll
+    for (int j = 0; j < KPT; j++)
+        if (tid + j * kThreads < n && (rk[j] & sel.mask) >= sel.prefix) mine |= 1u << j;
+    const unsigned count = __popc(mine);
+    unsigned end = count;  // inclusive scan over the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned t = __shfl_up_sync(0xffffffffu, end, o);
+        if (lane >= o) end += t;
     }
-    if (lane == 0) sh.warp_above[warp] = above, sh.warp_equal[warp] = equal;
+    unsigned base = 0;
+    if (lane == 31 && end) base = atomicAdd(&sh.taken, end);
+    unsigned slot = __shfl_sync(0xffffffffu, base, 31) + end - count;
+#pragma unroll
+    for (int j = 0; j < KPT; j++)
+        if (mine >> j & 1u) emit((int)slot++, j);
     __syncthreads();
-    int out = 0, equal_before = 0;
-    for (int w = 0; w < warp; w++) out += sh.warp_above[w], equal_before += sh.warp_equal[w];
-    out += min(equal_before, sel.take_equal);
-    for (int base = lo; base < hi; base += 32) {
-        const int i = base + lane;
-        const unsigned bits = i < hi ? keys[i] & sel.mask : 0u;
-        const bool is_equal = i < hi && bits == sel.prefix;
-        const unsigned equal_lanes = __ballot_sync(0xffffffffu, is_equal);
-        const bool take = (i < hi && bits > sel.prefix) ||
-                          (is_equal && equal_before + __popc(equal_lanes & lanes_below) < sel.take_equal);
-        const unsigned took = __ballot_sync(0xffffffffu, take);
-        if (take) emit(out + __popc(took & lanes_below), i);
-        out += __popc(took);
-        equal_before += __popc(equal_lanes);
-    }
+    if (tid == 0) sh.taken = 0;  // read by no one until the next gather, after a barrier
 }
 
 // ----------------------------------------------------------------------------
@@ -288,12 +316,13 @@ __device__ void pick(PickShared &pk, int k, float temperature, float top_p, floa
 }
 
 // Row workspace: [counter | candidates]: block s writes its chunk's per_chunk = min(k, C) best at
-// s * per_chunk (the last chunk may have fewer), so the row's candidates are contiguous, in id order.
+// s * per_chunk (the last chunk may have fewer), so the row's candidates are contiguous. KPT: rank
+// keys a thread holds, enough for the chunk and for the merge's S * per_chunk candidates.
+template <int KPT>
 __global__ void __launch_bounds__(kThreads)
     top_k_kernel(const float *__restrict__ logits, int V, long long stride, int chunk, int splits, float temperature,
                  int top_k, float top_p, const float *__restrict__ uniforms, uint2 *__restrict__ ws, long long ws_row,
                  int *__restrict__ next) {
-    extern __shared__ unsigned keys[];  // the chunk's keys, then the row's candidates'
     __shared__ SelectShared sh;
     __shared__ PickShared pk;
     __shared__ unsigned ticket;
@@ -306,26 +335,37 @@ __global__ void __launch_bounds__(kThreads)
     const int lo = s * chunk, n = min(chunk, V - lo), per_chunk = min(top_k, chunk);
 
     sh.hist[tid] = 0;
-    if (tid == 0) pk.max_key = 0;
-#pragma unroll 4
-    for (int i = tid; i < n; i += kThreads) keys[i] = float_key(row[lo + i]);
+    if (tid == 0) sh.taken = 0, pk.max_key = 0;
+    unsigned long long rk[KPT];
+#pragma unroll
+    for (int j = 0; j < KPT; j++) {
+        const int i = tid + j * kThreads;
+        rk[j] = i < n ? rank_key(float_key(row[lo + i]), lo + i) : 0ull;
+    }
     __syncthreads();
 
     // --- this chunk's best
-    Selection sel = radix_select(keys, n, top_k, sh);
-    gather(keys, n, sel, sh, [&](int out, int i) { cand[s * per_chunk + out] = make_uint2(keys[i], lo + i); });
+    Selection sel = radix_select(rk, n, top_k, sh);
+    gather(rk, n, sel, sh, [&](int slot, int j) {
+        cand[s * per_chunk + slot] = make_uint2(rank_logit_key(rk[j]), (unsigned)rank_id(rk[j]));
+    });
     if (!last_to_arrive(&row_ws[0].x, splits, &ticket)) return;
 
     // --- the last block: the row's best among all chunks' candidates, then the pick
     const int n_cand = (splits - 1) * per_chunk + min(top_k, V - (splits - 1) * chunk);
-    for (int i = tid; i < n_cand; i += kThreads) keys[i] = __ldcg(&cand[i]).x;
-    __syncthreads();
-    sel = radix_select(keys, n_cand, top_k, sh);
-    gather(keys, n_cand, sel, sh, [&](int out, int i) {
-        pk.key[out] = keys[i];
-        pk.id[out] = (int)__ldcg(&cand[i]).y;
+#pragma unroll
+    for (int j = 0; j < KPT; j++) {
+        const int i = tid + j * kThreads;
+        if (i < n_cand) {
+            const uint2 c = __ldcg(&cand[i]);
+            rk[j] = rank_key(c.x, (int)c.y);
+        }
+    }
+    sel = radix_select(rk, n_cand, top_k, sh);
+    gather(rk, n_cand, sel, sh, [&](int slot, int j) {
+        pk.key[slot] = rank_logit_key(rk[j]);
+        pk.id[slot] = rank_id(rk[j]);
     });
-    __syncthreads();
     pick(pk, top_k, temperature, top_p, uniforms[b], &next[b]);
 }
 
@@ -374,7 +414,10 @@ extern "C" cudaError_t sample_on_device(const float *logits, int vocab_size, lon
     if (greedy)
         return launch_pdl(greedy_kernel, grid, block, 0, stream, logits, V, row_stride, chunk, splits, ws,
                           kRowEntries, next);
-    const size_t smem = (size_t)std::max(chunk, splits * std::min(top_k, chunk)) * sizeof(unsigned);
-    return launch_pdl(top_k_kernel, grid, block, smem, stream, logits, V, row_stride, chunk, splits, temperature,
-                      top_k, top_p, uniforms, ws, kRowEntries, next);
+    // Rank keys a thread holds: the larger of the chunk and the merge's candidates, over the block.
+    const int per_thread = ceil_div(std::max(chunk, splits * std::min(top_k, chunk)), kThreads);
+    auto kernel = per_thread <= 4 ? top_k_kernel<4> : per_thread <= 8 ? top_k_kernel<8>
+                : per_thread <= 16 ? top_k_kernel<16> : top_k_kernel<kMaxPerThread>;
+    return launch_pdl(kernel, grid, block, 0, stream, logits, V, row_stride, chunk, splits, temperature, top_k,
+                      top_p, uniforms, ws, kRowEntries, next);
 }
