@@ -15,8 +15,7 @@
 //           logit beaten by k others in its own chunk is beaten by k in the row.
 // The last of a row's blocks to finish (a counter per row, left at zero for the next call or
 // graph replay) merges the S partials: for greedy the best of S; for top-k the k best of the S*k
-// candidates (those under a lower bound of the row's k-th logit, which the chunks publish, are
-// dropped first), then the probabilities, the rank by (p desc, id asc), the nucleus and the pick.
+// candidates, then the probabilities, the rank by (p desc, id asc), the nucleus and the pick.
 // The chunk and merge selections cost about V/S and S*k key visits, so S ~ sqrt(V/k) balances
 // them (32 blocks at k = 40 and for greedy, 15 at k = 256), with S*B kept to about one wave at
 // large batch. Workspace, per row: the counter and room for 32 x 256 candidates (64 KB), the same
@@ -147,8 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // A candidate's rank key: the logit's key above, the complement of its id below. Larger means
 // earlier in (logit desc, id asc), the host's order for equal probabilities, and no two candidates
-// share a rank key, so every selection is exact and ties need no separate pass. Zero is no key at
-// all (it would be id 2^32 - 1): the selections skip it.
+// share a rank key, so every selection is exact and ties need no separate pass.
 __device__ __forceinline__ unsigned long long rank_key(unsigned key, int id) {
     return (unsigned long long)key << 32 | (0xffffffffu - (unsigned)id);
 }
@@ -197,8 +195,8 @@ __device__ void find_digit(Selection sel, int need, int shift, SelectShared &sh)
     }
 }
 
-// The k largest of the nonzero rank keys spread over the block, thread t holding rk[j]: exactly
-// min(k, n) of them are selected, n >= their number, and when n <= k all of them.
+// The k largest of the n rank keys spread over the block, thread t holding rk[j] for position
+// t + j * kThreads (those at n and past it are ignored): exactly min(k, n) of them are selected.
 // One pass per 8-bit digit from the top, each a histogram of the keys still in play and a scan by
 // one warp; it stops once a digit's bin is taken whole, usually within the logit's key.
 template <int KPT>
@@ -213,7 +211,7 @@ __device__ Selection radix_select(const unsigned long long (&rk)[KPT], int n, in
         // faster than grouping them first with __match_any_sync (docs/PERF.md, "Session 20").
 #pragma unroll
         for (int j = 0; j < KPT; j++)
-            if (rk[j] && (rk[j] & sel.mask) == sel.prefix)
+            if (tid + j * kThreads < n && (rk[j] & sel.mask) == sel.prefix)
                 atomicAdd(&sh.hist[(unsigned)(rk[j] >> shift) & 255u], 1u);
         __syncthreads();
         if (tid < 32) find_digit(sel, need, shift, sh);
@@ -228,12 +226,12 @@ __device__ Selection radix_select(const unsigned long long (&rk)[KPT], int n, in
 // emit(slot, j) for each selected rk[j] of this thread, slots 0.. in no particular order: one
 // shared-memory atomic a warp. Call with sh.taken at zero; it leaves it at zero for the next.
 template <int KPT, typename Emit>
-__device__ void gather(const unsigned long long (&rk)[KPT], Selection sel, SelectShared &sh, Emit emit) {
+__device__ void gather(const unsigned long long (&rk)[KPT], int n, Selection sel, SelectShared &sh, Emit emit) {
     const int tid = threadIdx.x, lane = tid & 31;
     unsigned mine = 0;
 #pragma unroll
     for (int j = 0; j < KPT; j++)
-        if (rk[j] && (rk[j] & sel.mask) >= sel.prefix) mine |= 1u << j;
+        if (tid + j * kThreads < n && (rk[j] & sel.mask) >= sel.prefix) mine |= 1u << j;
     const unsigned count = __popc(mine);
     unsigned end = count;  // inclusive scan over the warp
 #pragma unroll
@@ -317,12 +315,9 @@ __device__ void pick(PickShared &pk, int k, float temperature, float top_p, floa
     *next = pk.ranked_id[lo < kept ? lo : kept - 1];  // rounding left r at the very top
 }
 
-// Row workspace: [(counter, bound) | candidates]: block s writes its chunk's per_chunk = min(k, C)
-// best at s * per_chunk (the last chunk may have fewer), so the row's candidates are contiguous.
-// Each block also raises the row's bound to a lower bound of its chunk's k-th logit key (the
-// selection's prefix: every selected key is at least that), which is then a lower bound of the
-// row's k-th, so the merge drops the candidates under it (most of S * k) before its own selection.
-// KPT: rank keys a thread holds, enough for the chunk and for the merge's S * per_chunk candidates.
+// Row workspace: [counter | candidates]: block s writes its chunk's per_chunk = min(k, C) best at
+// s * per_chunk (the last chunk may have fewer), so the row's candidates are contiguous. KPT: rank
+// keys a thread holds, enough for the chunk and for the merge's S * per_chunk candidates.
 template <int KPT>
 __global__ void __launch_bounds__(kThreads)
     top_k_kernel(const float *__restrict__ logits, int V, long long stride, int chunk, int splits, float temperature,
@@ -351,31 +346,26 @@ __global__ void __launch_bounds__(kThreads)
 
     // --- this chunk's best
     Selection sel = radix_select(rk, n, top_k, sh);
-    gather(rk, sel, sh, [&](int slot, int j) {
+    gather(rk, n, sel, sh, [&](int slot, int j) {
         cand[s * per_chunk + slot] = make_uint2(rank_logit_key(rk[j]), (unsigned)rank_id(rk[j]));
     });
-    const unsigned bound = rank_logit_key(sel.prefix);
-    if (tid == 0 && bound) atomicMax(&row_ws[0].y, bound);  // published by last_to_arrive's release
     if (!last_to_arrive(&row_ws[0].x, splits, &ticket)) return;
 
     // --- the last block: the row's best among all chunks' candidates, then the pick
     const int n_cand = (splits - 1) * per_chunk + min(top_k, V - (splits - 1) * chunk);
-    const unsigned row_bound = __ldcg(&row_ws[0].y);
 #pragma unroll
     for (int j = 0; j < KPT; j++) {
         const int i = tid + j * kThreads;
-        rk[j] = 0ull;
         if (i < n_cand) {
             const uint2 c = __ldcg(&cand[i]);
-            if (c.x >= row_bound) rk[j] = rank_key(c.x, (int)c.y);
+            rk[j] = rank_key(c.x, (int)c.y);
         }
     }
     sel = radix_select(rk, n_cand, top_k, sh);
-    gather(rk, sel, sh, [&](int slot, int j) {
+    gather(rk, n_cand, sel, sh, [&](int slot, int j) {
         pk.key[slot] = rank_logit_key(rk[j]);
         pk.id[slot] = rank_id(rk[j]);
     });
-    if (tid == 0) row_ws[0].y = 0;  // every thread has read it (gather ends in a barrier); zero for the next call
     pick(pk, top_k, temperature, top_p, uniforms[b], &next[b]);
 }
 
