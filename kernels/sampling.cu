@@ -256,10 +256,21 @@ struct PickShared {
     unsigned key[kMaxDeviceTopK];
     int id[kMaxDeviceTopK];
     unsigned long long order[kMaxDeviceTopK];  // (p bits, ~id): larger comes first
-    float prob[kMaxDeviceTopK];                // by rank, then its prefix sums
+    alignas(16) float prob[kMaxDeviceTopK];    // by rank, then its prefix sums
     int ranked_id[kMaxDeviceTopK];
     unsigned max_key;  // zero before the merge
 };
+
+// Called by one warp: the first i < n with pred(prefix[i]), or n - 1 if there is none.
+template <typename Pred>
+__device__ int first_index(const float *prefix, int n, Pred pred) {
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < n; base += 32) {
+        const unsigned hit = __ballot_sync(0xffffffffu, base + lane < n && pred(prefix[base + lane]));
+        if (hit) return base + __ffs(hit) - 1;
+    }
+    return n - 1;
+}
 
 // From the row's k candidates in pk.key / pk.id (visible to all threads): next = the pick.
 __device__ void pick(PickShared &pk, int k, float temperature, float top_p, float u, int *next) {
@@ -285,34 +296,37 @@ __device__ void pick(PickShared &pk, int k, float temperature, float top_p, floa
         for (int j = 0; j < k; j++) rank += pk.order[j] > order;
         pk.prob[rank] = p;
         pk.ranked_id[rank] = id;
+    } else if (c < (k + 3) / 4 * 4) {
+        pk.prob[c] = 0.0f;  // the prefix sums below take whole float4s
     }
     __syncthreads();
-    if (c != 0) return;
+    if (c >= 32) return;
     // The host's three loops (total, nucleus, pick) add the same terms from zero in the same
-    // order: one pass of prefix sums serves all three, and as they never decrease, the first
-    // prefix to reach a bound is a binary search.
-    float *prefix = pk.prob, sum = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < k; i++) {
-        sum += prefix[i];
-        prefix[i] = sum;
+    // order: one sequential pass of prefix sums (lane 0, a float4 at a time, the next one loaded
+    // ahead) serves all three, and as the sums never decrease, the first to reach a bound is found
+    // by the warp, 32 at a time.
+    float *prefix = pk.prob;
+    if (c == 0) {
+        float4 *quads = reinterpret_cast<float4 *>(prefix);
+        const int nq = (k + 3) / 4;
+        float sum = 0.0f;
+        float4 ahead = quads[0];
+        for (int q = 0; q < nq; q++) {
+            float4 v = ahead;
+            if (q + 1 < nq) ahead = quads[q + 1];
+            v.x = sum += v.x;
+            v.y = sum += v.y;
+            v.z = sum += v.z;
+            v.w = sum += v.w;
+            quads[q] = v;
+        }
     }
-    const float nucleus = top_p * sum;
-    int lo = 0, hi = k;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (prefix[mid] >= nucleus) hi = mid;
-        else lo = mid + 1;
-    }
-    const int kept = lo < k ? lo + 1 : k;
+    __syncwarp();
+    const float nucleus = top_p * prefix[k - 1];
+    const int kept = 1 + first_index(prefix, k, [&](float sum) { return sum >= nucleus; });
     const float r = u * prefix[kept - 1];
-    lo = 0, hi = kept;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (r < prefix[mid]) hi = mid;
-        else lo = mid + 1;
-    }
-    *next = pk.ranked_id[lo < kept ? lo : kept - 1];  // rounding left r at the very top
+    const int at = first_index(prefix, kept, [&](float sum) { return r < sum; });  // none: rounding left r at the top
+    if (c == 0) *next = pk.ranked_id[at];
 }
 
 // Row workspace: [counter | candidates]: block s writes its chunk's per_chunk = min(k, C) best at
