@@ -197,7 +197,7 @@ static void random_tests(Device *d, float *logits) {
 }
 
 // The split over blocks: 64 rows, vocabularies that no chunk size divides (down to one block per
-// row), k from 1 to 256, and all of a row's top k inside one chunk.
+// row) and the largest, k from 1 to 256, and all of a row's top k inside one chunk.
 static void split_tests(Device *d, float *logits) {
     float u[MAX_B];
     uint64_t rng = 777;
@@ -231,6 +231,18 @@ static void split_tests(Device *d, float *logits) {
             total += B;
         }
     CHECK(bad <= 2, "device_odd_vocabularies", "%d of %d picks differ", bad, total);
+
+    // The largest vocabulary the device takes: 32 chunks of 8,192 logits, 32 rank keys a thread.
+    enum { BIG_V = DEVICE_SAMPLING_MAX_VOCAB, BIG_B = 8 };
+    _Static_assert((long long)BIG_B * BIG_V <= (long long)MAX_B * MAX_V, "the test's buffers hold the rows");
+    bad = 0, total = 0;
+    for (int j = 0; j < 4; j++) {
+        random_rows(logits, BIG_B, BIG_V, 8.0f, &rng);
+        for (int b = 0; b < BIG_B; b++) u[b] = frand(&rng);
+        bad += disagreements(d, logits, u, BIG_B, BIG_V, top_ks[j] ? 1.0f : 0.0f, top_ks[j], 0.9f);
+        total += BIG_B;
+    }
+    CHECK(bad <= 2, "device_largest_vocabulary", "%d of %d picks differ", bad, total);
 
     // The row's 256 best all in 300 consecutive ids: one chunk supplies every candidate kept.
     random_rows(logits, MAX_B, MAX_V, 8.0f, &rng);
