@@ -409,15 +409,6 @@ static int check_engine(Bench *b, Engine *e, BenchPath path, DType dt) {
 // ----------------------------------------------------------------------------
 // The workloads
 
-// A step as generation runs it: tokens [B, T] in at positions [pos, pos + T) (the prompt, or one
-// token a decode step), each sequence's next token out, greedy. engine_decode samples on the device
-// where the engine can (only ids cross to the host), else it brings the B rows of logits to the
-// host and picks there.
-static int next_tokens(Engine *e, const int *tokens, int B, int T, int pos, Sampler *greedy, float *logits, int *next,
-                       Error *err) {
-    return engine_decode(e, tokens, B, T, pos, greedy, logits, next, err);
-}
-
 // Bytes one decode step must read from device memory: every weight once in the compute dtype
 // (wte for the logits; wpe only the rows it uses), LayerNorm parameters and biases in fp32, and the
 // K and V of positions 0..pos of every layer and sequence.
@@ -438,10 +429,12 @@ static void run_prefill(Bench *b, Engine *e, BenchPath path, DType dt, int P, fl
     sampler_create(&greedy, b->model->config.vocab_size, 0.0f, 0, 1.0f, 1);
     Error err;
     int first;
+    // Each step as generation runs it (engine_decode): on the GPU the pick is made on the device and
+    // only ids cross to the host; elsewhere the logits come to the host and the sampler picks there.
     for (int r = 0; r < a->warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s prefill %d: run %d/%d", path_names[path], dtype_name(dt), P, r + 1, a->warmup + a->runs);
         double t0 = timer_start(b);
-        if (next_tokens(e, tokens, 1, P, 0, &greedy, logits, &first, &err)) die("%s", err.msg);
+        if (engine_decode(e, tokens, 1, P, 0, &greedy, logits, &first, &err)) die("%s", err.msg);
         double ms = timer_stop(b, t0);
         if (r >= a->warmup) t[r - a->warmup] = ms;
     }
@@ -485,10 +478,10 @@ static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int
     for (int r = 0; r < warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s decode batch %d, %d new: run %d/%d", path_names[path], dtype_name(dt), B, N, r + 1,
                  warmup + a->runs);
-        if (next_tokens(e, prompt, B, P, 0, &greedy, logits, cur, &err)) die("%s", err.msg);
+        if (engine_decode(e, prompt, B, P, 0, &greedy, logits, cur, &err)) die("%s", err.msg);
         double t0 = timer_start(b);
         for (int i = 0; i < N; i++) {
-            if (next_tokens(e, cur, B, 1, P + i, &greedy, logits, next, &err)) die("%s", err.msg);
+            if (engine_decode(e, cur, B, 1, P + i, &greedy, logits, next, &err)) die("%s", err.msg);
             int *swap = cur;
             cur = next, next = swap;
         }
