@@ -36,6 +36,7 @@
 // -inf maxima are kept out of the exponents explicitly.
 #include "cluster.cuh"
 #include "fused_attention.h"
+#include "kernel_util.h"  // device_attr
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "wgmma.cuh"
@@ -1281,20 +1282,6 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
 // ----------------------------------------------------------------------------
 // Host side
 
-// An attribute of the current device, cached (the launchers ask at every call); `fallback` when it
-// cannot be read.
-template <cudaDeviceAttr A> int device_attr(int fallback) {
-    static int cached[64];
-    static bool known[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return fallback;
-    if (!known[dev]) {
-        int n = 0;
-        cached[dev] = cudaDeviceGetAttribute(&n, A, dev) == cudaSuccess ? n : fallback;
-        known[dev] = true;
-    }
-    return cached[dev];
-}
 int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(108); }
 int smem_optin() { return device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(99 * 1024); }
 

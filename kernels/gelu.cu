@@ -5,11 +5,8 @@
 
 template <typename T>
 __global__ void gelu_kernel(T *__restrict__ out, const float *__restrict__ y, size_t n) {
-    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = y[i];
-        out[i] = from_f32<T>(0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v))));
-    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f32<T>(gelu_tanh(y[i]));
 }
 
 cudaError_t gelu_forward(void *out, const float *y, size_t n, DType dt, cudaStream_t stream) {

@@ -15,6 +15,12 @@ template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
 
+// GELU, tanh approximation (GPT-2's "gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -30,6 +36,21 @@ static inline unsigned grid_for(size_t n, int threads) {
     size_t g = (n + threads - 1) / threads;
     if (g > 65536u * 16u) g = 65536u * 16u;
     return (unsigned)(g ? g : 1);
+}
+
+// An attribute of the current device, cached (launchers ask at every call); `fallback` when it
+// cannot be read.
+template <cudaDeviceAttr A> static inline int device_attr(int fallback) {
+    static int cached[64];
+    static bool known[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return fallback;
+    if (!known[dev]) {
+        int n = 0;
+        cached[dev] = cudaDeviceGetAttribute(&n, A, dev) == cudaSuccess ? n : fallback;
+        known[dev] = true;
+    }
+    return cached[dev];
 }
 
 // Runs `body` with T bound to the element type of dtype.

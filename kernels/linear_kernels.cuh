@@ -38,6 +38,7 @@
 
 #include "cluster.cuh"
 #include "fused_ln_linear.h"  // LinearPath
+#include "kernel_util.h"    // gelu_tanh
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -63,11 +64,6 @@ struct Epilogue {
     const float *s;      // LN folded: s_n
     int N;
 };
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
 
 // Row m, column n with its final pre-bias value v.
 __device__ __forceinline__ void epi_store(const Epilogue &e, int m, int n, float v) {

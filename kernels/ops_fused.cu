@@ -13,11 +13,12 @@
 // reading each weight once over all SMs), and lose to cuBLAS's GEMMs once the rows make it a
 // matrix product (docs/PERF.md, "Fused LayerNorm + Linear", H200: bf16 768->3072 is 1.56x faster
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8:
-// below). Past fused_rows() the linear ops run the LayerNorm kernel and cuBLASLt GEMMs with the
-// bias, GELU (bf16) and the residual add in their epilogue (kernels/matmul_lt.h): seven launches
-// per block in bf16 with the fused attention (fp32 adds a GELU pass, and in prefill qkv_split),
-// where the reference table's linear steps (cuBLAS, then bias, GELU and residual kernels) took
-// thirteen:
+// below). Past fused_rows() the linear ops run the LayerNorm kernel and GEMMs with the bias, GELU
+// (bf16) and the residual add in their epilogue: gemm_rows (kernels/gemm_rows.h) where it takes the
+// product (bf16, up to 64 rows, on Hopper: batched decode), else cuBLASLt (kernels/matmul_lt.h).
+// Seven launches per block in bf16 with the fused attention (fp32 adds a GELU pass, and in prefill
+// qkv_split), where the reference table's linear steps (cuBLAS, then bias, GELU and residual
+// kernels) took thirteen:
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache)
@@ -35,6 +36,7 @@
 #include "cuda_check.h"
 #include "fused_attention.h"
 #include "fused_ln_linear.h"
+#include "gemm_rows.h"
 #include "linear_residual.h"
 #include "reference_kernels.h"
 
@@ -44,20 +46,25 @@
         if (e_ != 0) return cuda_fail(err, (cudaError_t)e_, #call, __FILE__, __LINE__);         \
     } while (0)
 
-// The most rows the fused linear kernels take; more go through cuBLASLt (see the header comment).
-// bf16 on sm_90 and later: 32 with the LayerNorm (attn_in, mlp_in: the cluster GEMV) and without
-// it (the projections: the skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
-// Decode of GPT-2 124M on an H200, bench --quick: the cluster GEMV for the LayerNorm ops against
-// LayerNorm + cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs
-// 57,852, B=64 95,609 vs 117,261 (docs/PERF.md, "Session 4"); the skinny kernel for the
-// projections against cuBLASLt's bias + residual epilogue, B=8 +10%, B=16 +10%, B=32 +6%, and
-// slower at 48 and 64 rows ("Session 10"; since its warps split K, another +8% at B=8 and 16, and
-// about even at 48 and 64: "Session 11"). fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and
-// the GEMV stays ahead to M = 16: docs/PERF.md, "Fused LayerNorm + Linear").
-// GPT2_FUSED_ROWS=N overrides all three (0: every step through cuBLASLt), GPT2_FUSED_ROWS=N,P the
-// ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L the logits (L) apart
-// from the plain ops too, to measure the crossover (scripts/gpu_check.sh crossover).
-static int fused_rows(const GpuState *s, LinearOp op) {
+// The most rows the fused linear kernels take for a product of M x K -> N; more go through the
+// many-row route (the LayerNorm kernel, then gemm_rows or cuBLASLt: many_rows_product below).
+// bf16 on sm_90 and later: 16 where gemm_rows takes the product (qkv, fc, the attention
+// projection), else 32 with the LayerNorm (the cluster GEMV) and without it (the MLP projection:
+// the skinny kernel); the logits 4; before sm_90: 4 (fused_linear_rows).
+// Decode of GPT-2 124M on an H200, bench --quick: LayerNorm + gemm_rows for those three against the
+// cluster GEMV and the skinny kernel, B=8 -7%, B=16 -9%, B=24 +9%, B=32 +12% (docs/PERF.md,
+// "Session 21"); before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm +
+// cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64
+// 95,609 vs 117,261 ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias +
+// residual epilogue, B=8 +10%, B=16 +10%, B=32 +6%, and slower at 48 and 64 rows ("Session 10";
+// since its warps split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
+// fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
+// docs/PERF.md, "Fused LayerNorm + Linear").
+// GPT2_FUSED_ROWS=N overrides all three (0: every step through the many-row route),
+// GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
+// the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
+// crossover).
+static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
     if (forced[0] == -2) {
         const char *env = getenv("GPT2_FUSED_ROWS");
@@ -66,8 +73,24 @@ static int fused_rows(const GpuState *s, LinearOp op) {
         if (comma) forced[LINEAR_OP_PLAIN] = forced[LINEAR_OP_LOGITS] = atoi(comma + 1);
         if (comma && (comma = strchr(comma + 1, ','))) forced[LINEAR_OP_LOGITS] = atoi(comma + 1);
     }
-    const int f = forced[op];
-    return f >= 0 ? f : fused_linear_rows(s->dtype, op);
+    if (forced[op] >= 0) return forced[op];
+    const int rows = fused_linear_rows(s->dtype, op);
+    if (op != LINEAR_OP_LOGITS && s->dtype == DTYPE_BF16 && M > 16 && gemm_rows_takes(M, N, K))
+        return rows < 16 ? rows : 16;
+    return rows;
+}
+
+// A product of the many-row route: gemm_rows (bf16, up to 64 rows of a K that fits, on Hopper) where
+// it takes the shape, since it joins the step's PDL chain where cuBLASLt's kernels cannot
+// (docs/PERF.md, "Session 21"; GPT2_GEMM_ROWS=0 turns it off); else cuBLASLt.
+static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long long ldy, const void *x, const void *W,
+                             const void *bias, int M, int N, int K, float *scratch, Error *err) {
+    if (s->dtype == DTYPE_BF16 && gemm_rows_takes(M, N, K)) {
+        CUDA_TRY(gemm_rows(epi, y, ldy, x, W, bias, M, N, K, s->stream));
+        return 0;
+    }
+    CUBLAS_TRY(matmul_lt(s->lt, epi, y, ldy, x, W, s->dtype, bias, M, N, K, scratch, s->stream));
+    return 0;
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
@@ -75,15 +98,17 @@ static int fused_rows(const GpuState *s, LinearOp op) {
 // token a sequence. Elsewhere (fp32 prefill, T = 2..4) qkv_split copies q out and k, v into the cache
 // first. The one place both ops ask.
 static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
-    return st->M > fused_rows(s, LINEAR_OP_LN) && fused_attention_takes_qkv(s->dtype, st->T, s->HS);
+    return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) &&
+           fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, LINEAR_OP_LN)) {
+    if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, s->dtype, ly->qkvb_c,
-                             st->M, 3 * s->C, s->C, NULL, s->stream));
+        if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M, 3 * s->C,
+                              s->C, NULL, err))
+            return -1;
         if (!attention_reads_qkv(s, st))
             CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
                                s->NH, s->HS, s->max_seq, s->dtype, s->stream));
@@ -118,9 +143,10 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, s->dtype,
-                             ly->attprojb, st->M, s->C, s->C, NULL, s->stream));
+    if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
+        if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, ly->attprojb, st->M,
+                              s->C, s->C, NULL, err))
+            return -1;
         return 0;
     }
     FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
@@ -129,10 +155,11 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, LINEAR_OP_LN)) {
+    if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, s->dtype, ly->fcb_c, st->M,
-                             4 * s->C, s->C, s->scratch, s->stream));
+        if (many_rows_product(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
+                              s->C, s->scratch, err))
+            return -1;
         return 0;
     }
     FUSED_TRY(fused_ln_linear(s->x, ly->ln2w, ly->fcw, s->dtype, ly->fc_s, ly->fc_b, s->h, s->dtype, st->M, 4 * s->C,
@@ -142,9 +169,10 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (st->M > fused_rows(s, LINEAR_OP_PLAIN)) {
-        CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, s->dtype, ly->fcprojb,
-                             st->M, s->C, 4 * s->C, NULL, s->stream));
+    if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C)) {
+        if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, ly->fcprojb, st->M, s->C,
+                              4 * s->C, NULL, err))
+            return -1;
         return 0;
     }
     FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
@@ -153,7 +181,8 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    if (rows > fused_rows(s, LINEAR_OP_LOGITS)) {  // the LayerNorm kernel gathers the rows (all, or each last)
+    // Past the fused rows the LayerNorm kernel gathers the rows (all, or each sequence's last).
+    if (rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back

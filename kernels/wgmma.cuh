@@ -1,8 +1,9 @@
-// Hopper's warpgroup MMA (wgmma, sm_90a only): the PTX wrappers the prefill attention uses
-// (fused_attention.cu). A warpgroup (four consecutive warps, 128 threads) multiplies a 64-row A,
-// here from registers, by a B tile in shared memory that a 64-bit descriptor locates, into fp32
-// accumulators, asynchronously: the MMAs are issued, committed as a group and waited for, and
-// only then are the accumulators read. Every thread of the warpgroup must issue the same wgmma.
+// Hopper's warpgroup MMA (wgmma, sm_90a only): the PTX wrappers the prefill attention
+// (fused_attention.cu) and the few-row GEMM (gemm_rows.cu) use. A warpgroup (four consecutive
+// warps, 128 threads) multiplies a 64-row A, from registers or shared memory, by a B tile in
+// shared memory that a 64-bit descriptor locates, into fp32 accumulators, asynchronously: the MMAs
+// are issued, committed as a group and waited for, and only then are the accumulators read. Every
+// thread of the warpgroup must issue the same wgmma.
 //
 // The register layouts are mma.sync's (mma.cuh), one warp per 16 rows: warp w of the warpgroup
 // holds rows 16 w.. of A as an m16k16 fragment (four bf16x2 registers) and the same rows of D as
@@ -79,5 +80,40 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate), "n"(TRANS_B));
 }
+
+
+// ----------------------------------------------------------------------------
+// Both operands in shared memory (the few-row GEMM, gemm_rows.cu)
+
+// d (64 x N fp32; this thread's N / 8 m16n8 tiles, laid out as above) += A (64 x 16 bf16) * B
+// (16 x N bf16), A and B K-major tiles under the 128-byte swizzle at their descriptors. Only the
+// widths gemm_rows.cu uses are instantiated.
+template <int N> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc);
+
+#define WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WGMMA_D8(j) WGMMA_D4(j), WGMMA_D4(j + 1)
+template <> __device__ __forceinline__ void wgmma_ss<16>(float (&d)[2][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<32>(float (&d)[4][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0), WGMMA_D8(2)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4), WGMMA_D8(6)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+#undef WGMMA_D8
+#undef WGMMA_D4
 
 #undef WGMMA_ASM

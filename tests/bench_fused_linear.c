@@ -1,7 +1,8 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
-//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --one K N dtype M
+//   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
+//                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M]
-// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64})
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt, below)
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -32,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include "fused_ln_linear.h"
+#include "gemm_rows.h"
 #include "linear_residual.h"
 #include "matmul_lt.h"
 #include "unfused_baseline.h"
@@ -418,6 +420,74 @@ static void bench_res(int K, int N, DType dt, int M) {
     cudaFree(b.bias), cudaFree(b.res), cudaFree(b.tmp);
 }
 
+// ----------------------------------------------------------------------------
+// gemm_rows (kernels/gemm_rows.h) against cuBLASLt: the same product, epilogue and types, at
+// batched-decode rows; each tile, and the one gemm_rows picks.
+
+typedef struct {
+    MatmulLtEpilogue epi;
+    int M, N, K, nsets, rb;  // rb = 0: gemm_rows's own pick
+    void **x, **W;               // [nsets] bf16
+    void *bias;                  // y's type
+    void *y;                     // [M, N] of y's type (the residual: fp32, added to on every call)
+} RowsBench;
+
+static void enqueue_rows(void *p, int set) {
+    RowsBench *b = p;
+    CK(gemm_rows_ex(b->epi, b->y, b->N, b->x[set], b->W[set], b->bias, b->M, b->N, b->K, b->rb, stream));
+}
+static void enqueue_rows_lt(void *p, int set) {
+    RowsBench *b = p;
+    CB(matmul_lt(lt, b->epi, b->y, b->N, b->x[set], b->W[set], DTYPE_BF16, b->bias, b->M, b->N, b->K, NULL, stream));
+}
+
+static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
+    static const char *names[] = {"none", "bias", "bias+residual", "bias+gelu"};
+    RowsBench b = {epi, M, N, K, 0, 0, NULL, NULL, NULL, NULL};
+    const DType yt = matmul_lt_ytype(epi, DTYPE_BF16);
+    b.nsets = nsets_for((size_t)N * K * 2);
+    b.x = xmalloc(b.nsets * sizeof(void *));
+    b.W = xmalloc(b.nsets * sizeof(void *));
+    float *hw = xmalloc((size_t)N * K * 4), *hx = xmalloc((size_t)M * K * 4), *hb = xmalloc(N * 4);
+    for (int i = 0; i < b.nsets; i++) {
+        for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = frand() * 0.03f;
+        for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = frand();
+        b.W[i] = upload_w(hw, (size_t)N * K, DTYPE_BF16);
+        b.x[i] = upload_w(hx, (size_t)M * K, DTYPE_BF16);
+    }
+    for (int n = 0; n < N; n++) hb[n] = 0.1f * frand();
+    b.bias = upload_w(hb, N, yt);
+    CK(cudaMalloc(&b.y, (size_t)M * N * dtype_size(yt)));
+    // Validate on set 0 from y = 0: gemm_rows against cuBLASLt.
+    CK(cudaMemsetAsync(b.y, 0, (size_t)M * N * dtype_size(yt), stream));
+    enqueue_rows_lt(&b, 0);
+    float *ref = fetch(b.y, (size_t)M * N, yt);
+    CK(cudaMemsetAsync(b.y, 0, (size_t)M * N * dtype_size(yt), stream));
+    enqueue_rows(&b, 0);
+    float *out = fetch(b.y, (size_t)M * N, yt);
+    const double e = rel_l2(out, ref, (size_t)M * N);
+    free(out), free(ref);
+    const Timing tl = time_it(enqueue_rows_lt, &b, b.nsets);
+    printf("rows %-13s %4d->%-4d M=%-3d | cuBLASLt %6.2f us | gemm_rows", names[epi], K, N, M, tl.graph_us);
+    if (!(e <= 1e-2)) {
+        printf(" INVALID (rel_l2 %.3g against cuBLASLt): not timed\n", e);
+    } else {
+        const int rbs[] = {0, 16, 32, 64};
+        for (int ri = 0; ri < 4; ri++) {
+            b.rb = rbs[ri];
+            const Timing t = time_it(enqueue_rows, &b, b.nsets);
+            if (ri) printf(" %d %6.2f", b.rb, t.graph_us);
+            else printf(" %6.2f (%.2fx) | rows a block", t.graph_us, tl.graph_us / t.graph_us);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    free(hw), free(hx), free(hb);
+    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
+    free(b.W), free(b.x);
+    cudaFree(b.bias), cudaFree(b.y);
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
@@ -478,6 +548,19 @@ int main(int argc, char **argv) {
             for (int mi = 0; mi < 6; mi++) bench_ln(shapes[si][0], shapes[si][1], DTYPE_BF16, Md[mi], csv);
         for (int si = 0; si < 2; si++)
             for (int mi = 0; mi < 6; mi++) bench_res(rshapes[si][0], rshapes[si][1], DTYPE_BF16, Md[mi]);
+        return 0;
+    }
+    if (argc == 2 && !strcmp(argv[1], "--rows")) {  // GPT-2 124M's decode products that gemm_rows takes
+        if (!gemm_rows_available()) {
+            printf("SKIP --rows: gemm_rows needs an sm_90 device and an sm_90a build\n");
+            return 0;
+        }
+        const int Mr[] = {8, 16, 32, 48, 64};
+        for (int mi = 0; mi < 5; mi++) {
+            bench_rows(MATMUL_LT_BIAS, 768, 2304, Mr[mi]);
+            bench_rows(MATMUL_LT_BIAS_RESIDUAL, 768, 768, Mr[mi]);
+            bench_rows(MATMUL_LT_BIAS_GELU, 768, 3072, Mr[mi]);
+        }
         return 0;
     }
     const int Ms[] = {1, 16, 64, 512, 4096};

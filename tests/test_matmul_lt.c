@@ -32,6 +32,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "gemm_rows.h"
 #include "matmul_lt.h"
 
 static MatmulLt *lt;
@@ -135,6 +136,10 @@ typedef struct {
     float *h_r0;  // the residual's starting value (BIAS_RESIDUAL), host
 } Bufs;
 
+// Set: run_case and test_graph send their product through gemm_rows_ex with this many rows a block
+// (kernels/gemm_rows.h) instead of matmul_lt.
+static int rows_rb;
+
 static DType out_type(const Case *c) { return matmul_lt_ytype(c->epilogue, c->dt); }
 static size_t ldy(const Case *c) { return (size_t)c->N + c->pad; }
 
@@ -180,6 +185,13 @@ static void bufs_free(Bufs *b) {
 }
 
 static cublasStatus_t run_lt(const Case *c, const Bufs *b, void *y) {
+    if (rows_rb) {
+        const cudaError_t e = gemm_rows_ex(c->epilogue, y, (long long)ldy(c), b->x, b->W,
+                                           c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K,
+                                           rows_rb, stream);
+        if (e != cudaSuccess) printf("  gemm_rows: %s\n", cudaGetErrorString(e));
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     return matmul_lt(lt, c->epilogue, y, (long long)ldy(c), b->x, b->W, c->dt,
                      c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K, b->scratch, stream);
 }
@@ -220,7 +232,9 @@ static int judge(const char *name, const Case *c, const Bufs *b, float *out, con
 }
 
 static void case_name(char *name, size_t len, const Case *c, const char *what) {
-    snprintf(name, len, "matmul_lt %s %s M=%d N=%d K=%d%s%s%s", dtype_name(c->dt), epilogue_name[c->epilogue], c->M,
+    char route[32] = "matmul_lt";
+    if (rows_rb) snprintf(route, sizeof(route), "gemm_rows rb %d", rows_rb);
+    snprintf(name, len, "%s %s %s M=%d N=%d K=%d%s%s%s", route, dtype_name(c->dt), epilogue_name[c->epilogue], c->M,
              c->N, c->K, c->big ? " large-magnitude" : "", c->offset ? " misaligned" : "", what);
 }
 
@@ -439,6 +453,122 @@ static void test_bad_args(void) {
     matmul_lt_free(huge);
 }
 
+// ----------------------------------------------------------------------------
+// gemm_rows (kernels/gemm_rows.h): the same products of up to 64 rows on Hopper
+
+// Every row tile at batched-decode row counts (a row block partly past M, one row, a multiple of 8
+// and not), GPT-2's layer products, a K whose last slice is partial and an N whose last column
+// block is, a misaligned output; the logits' width once; a graph replay; and two products chained
+// in a graph by PDL, the second reading what the first wrote.
+static void test_rows(void) {
+    static const struct {
+        MatmulLtEpilogue epilogue;
+        int N, K;
+    } shapes[] = {
+        {MATMUL_LT_BIAS, 2304, 768},          // qkv
+        {MATMUL_LT_BIAS_RESIDUAL, 768, 768},  // attention projection
+        {MATMUL_LT_BIAS_GELU, 3072, 768},     // fc
+        {MATMUL_LT_BIAS, 1000, 104},
+        {MATMUL_LT_NONE, 200, 72},
+        {MATMUL_LT_BIAS_RESIDUAL, 72, 136},
+    };
+    const int Ms[] = {1, 5, 8, 17, 32, 33, 64}, rbs[] = {16, 32, 64};
+    for (int ri = 0; ri < 3; ri++) {
+        rows_rb = rbs[ri];
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+            for (int mi = 0; mi < 7; mi++) {
+                if (small && (mi % 3 || si > 3)) continue;
+                Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0};
+                run_case(&c, "");
+            }
+    }
+    rows_rb = 32;
+    Case misaligned = {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 24, 1000, 104, 0, 16, 3};  // y rows 1003 apart
+    run_case(&misaligned, "");
+    if (!small) {
+        Case logits = {MATMUL_LT_NONE, DTYPE_BF16, 9, 50257, 768, 1, 0, 47};
+        run_case(&logits, " ldy 50304");
+    }
+    test_graph((Case){MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 40, 384, 256, 0, 0, 0});
+
+    // What gemm_rows refuses: K % 8, a K whose tile does not fit (the MLP projection's 3072), more
+    // than 64 rows, a misaligned x; nothing is launched.
+    void *base;
+    uint16_t *d = dev_buf(1 << 20, 0, &base);
+    const cudaError_t e[5] = {
+        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 100, stream),
+        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 3072, stream),
+        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 65, 64, 64, stream),
+        gemm_rows(MATMUL_LT_NONE, d, 64, d + 4, d, NULL, 8, 64, 64, stream),
+        gemm_rows(MATMUL_LT_BIAS, d, 64, d, d, NULL, 8, 64, 64, stream),  // no bias
+    };
+    CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
+              e[3] == cudaErrorNotSupported && e[4] == cudaErrorInvalidValue && !gemm_rows_takes(8, 64, 3072) &&
+              gemm_rows_takes(64, 3072, 768),
+          "gemm_rows refuses what it cannot run", "got %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4]);
+    cudaFree(base);
+
+    // fc then the MLP projection (K = 3072 does not fit, so 768 -> 768 -> 768 here) in one graph:
+    // h = gelu(x W1^T + b1), y += h W2^T + b2, with h poisoned (NaN) by a memset node before the first
+    // product on every replay. A second product that read h before its wait would see NaN.
+    const int M = 48, C = 768;
+    void *bb[7];
+    uint16_t *x = dev_buf((size_t)M * C * 2, 0, &bb[0]), *W1 = dev_buf((size_t)C * C * 2, 0, &bb[1]);
+    uint16_t *W2 = dev_buf((size_t)C * C * 2, 0, &bb[2]), *h = dev_buf((size_t)M * C * 2, 0, &bb[3]);
+    uint16_t *b1 = dev_buf(C * 2, 0, &bb[4]);
+    float *b2 = dev_buf(C * 4, 0, &bb[5]), *y = dev_buf((size_t)M * C * 4, 0, &bb[6]);
+    float *hx = xmalloc((size_t)M * C * 4), *hw = xmalloc((size_t)C * C * 4), *hb = xmalloc(C * 4);
+    fill(hx, (size_t)M * C, 1.0), upload(x, hx, (size_t)M * C, DTYPE_BF16);
+    fill(hw, (size_t)C * C, 0.06), upload(W1, hw, (size_t)C * C, DTYPE_BF16);
+    fill(hw, (size_t)C * C, 0.06), upload(W2, hw, (size_t)C * C, DTYPE_BF16);
+    fill(hb, C, 0.1), upload(b1, hb, C, DTYPE_BF16), upload(b2, hb, C, DTYPE_F32);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e1 = cudaErrorUnknown, e2 = cudaErrorUnknown;
+    if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) {
+        cuda_ok(cudaMemsetAsync(h, 0xff, (size_t)M * C * 2, stream), "poison");
+        e1 = gemm_rows(MATMUL_LT_BIAS_GELU, h, C, x, W1, b1, M, C, C, stream);
+        e2 = gemm_rows(MATMUL_LT_BIAS_RESIDUAL, y, C, h, W2, b2, M, C, C, stream);
+        if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture"))
+            cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    }
+    float *got = NULL, *want = NULL;
+    if (exec && e1 == cudaSuccess && e2 == cudaSuccess) {
+        cuda_ok(cudaMemsetAsync(y, 0, (size_t)M * C * 4, stream), "memset");
+        for (int i = 0; i < 3; i++) cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");  // y = 3 (h W2^T + b2)
+        cuda_ok(cudaStreamSynchronize(stream), "replays");
+        got = download(y, (size_t)M * C, DTYPE_F32);
+        // The same through the unfused steps, eagerly, three times.
+        cuda_ok(cudaMemsetAsync(y, 0, (size_t)M * C * 4, stream), "memset");
+        float *b1f = dev_buf(C * 4, 0, &base), *scratch;
+        void *sbase;
+        scratch = dev_buf((size_t)M * C * 4, 0, &sbase);
+        float *hb1 = download(b1, C, DTYPE_BF16);
+        upload(b1f, hb1, C, DTYPE_F32);
+        for (int i = 0; i < 3; i++) {
+            matmul_lt_unfused(cublas, MATMUL_LT_BIAS_GELU, h, x, W1, DTYPE_BF16, b1f, M, C, C, scratch, stream);
+            matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, y, h, W2, DTYPE_BF16, b2, M, C, C, scratch, stream);
+        }
+        cuda_ok(cudaStreamSynchronize(stream), "unfused");
+        want = download(y, (size_t)M * C, DTYPE_F32);
+        free(hb1);
+        cudaFree(base), cudaFree(sbase);
+    }
+    if (!got) {
+        CHECK(0, "gemm_rows PDL chain in a graph", "capture or launch failed: %s, %s", cudaGetErrorString(e1),
+              cudaGetErrorString(e2));
+    } else {
+        Cmp cm = compare(got, want, (size_t)M * C);
+        CHECK(cm.unwritten == 0 && cm.rel_l2 <= 1e-2 && cm.max_rel <= 0.5, "gemm_rows PDL chain in a graph",
+              "unwritten=%lld rel_l2=%.3g max_rel=%.3g", cm.unwritten, cm.rel_l2, cm.max_rel);
+    }
+    free(got), free(want), free(hx), free(hw), free(hb);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    for (int i = 0; i < 7; i++) cudaFree(bb[i]);
+    rows_rb = 0;
+}
+
 int main(void) {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -500,6 +630,8 @@ int main(void) {
             test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
     test_tuning();
     test_bad_args();
+    if (gemm_rows_available()) test_rows();
+    else test_skip("gemm_rows", "not an sm_90 device with an sm_90a build");
 
     matmul_lt_free(lt);
     cublasDestroy(cublas);

@@ -1,0 +1,53 @@
+// Products of a few rows on Hopper (batched decode, 1-64 rows): y = epilogue(x W^T + b) with
+// matmul_lt's four epilogues, types and row stride (matmul_lt.h), bf16 only, as one kernel that
+// joins the decode step's chain of programmatically dependent launches (kernels/pdl.cuh), which
+// cuBLASLt's kernels cannot ("Session 14" in docs/PERF.md: ~0.8 us lost at each boundary into them).
+//
+// At 64 rows a decode product still reads more weight than x (W 1.2-3.5 MB against x's 96 KB), so
+// what matters is what happens after the wait for the previous kernel, not the arithmetic:
+//   - a block owns 64 output columns (W rows) and all K, and loads that W tile into shared memory
+//     by TMA *before* pdl_wait(): the weights stream in while the previous kernel finishes;
+//   - after the wait only its rows of x arrive, RB of them (16 or 32; grid.y covers M), by TMA in
+//     64-wide K slices (sharing them across a cluster by multicast was slower: docs/PERF.md);
+//   - one warpgroup multiplies as each K slice lands: wgmma with W's 64 columns as the 64-row A
+//     operand and x's rows as the N side ("swap AB": a decode batch of 8-64 rows is a legal wgmma N,
+//     where as the M side it would pad to 64), so D is y's tile transposed;
+//   - the epilogue adds the bias (read before the wait), GELU, or the residual (read as x lands).
+// Measured against LayerNorm + cuBLASLt and the other fused kernels in docs/PERF.md, "Session 21".
+//
+// Shapes: 0 <= M <= 64, K % 8 == 0 (TMA's 16-byte row stride) and K small enough that the W tile and
+// x's rows fit in shared memory (gemm_rows_takes: to K = 1152 at 32 rows on an H100 or H200, so
+// GPT-2's 768 but not the MLP projection's 3072); x and W 16-byte aligned.
+// y, ldy, bias as matmul_lt's: y fp32 for NONE and BIAS_RESIDUAL (bias fp32), else bf16 (bias bf16).
+// All pointers are device memory; nothing is allocated per call (the tensor maps are kernel
+// parameters), so calls can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "matmul_lt.h"  // MatmulLtEpilogue
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// 1 when the current device is compute capability 9.0, the build has sm_90a code (GPT2_SM90A) and
+// the driver gives cuTensorMapEncodeTiled; GPT2_GEMM_ROWS=0 turns it off (to compare routes).
+int gemm_rows_available(void);
+
+// 1 when gemm_rows can run this shape (above) on the current device.
+int gemm_rows_takes(int M, int N, int K);
+
+// Returns cudaSuccess, cudaErrorNotSupported (not available, or a shape it does not take) or
+// cudaErrorInvalidValue (a bad argument), nothing launched for either; else the launch's error.
+cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
+                      const void *bias, int M, int N, int K, cudaStream_t stream);
+
+// The same with a forced number of rows a block (tests, benchmarks): rb in {16, 32, 64}; 0 picks
+// as gemm_rows does. GPT2_ROWS_TILE=16|32|64 forces one for gemm_rows too.
+cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
+                         const void *bias, int M, int N, int K, int rb, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
