@@ -160,14 +160,14 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int j = 0; j < J; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int t = r0 + 8 * j + 2 * (lane % 4) + (e & 1), f = fa + 8 * (e >> 1);
-                if (t >= M || f >= N) continue;
-                float v = acc[j][e] + bias[e >> 1];
-                if (EPI == MATMUL_LT_BIAS_GELU) v = gelu_tanh(v);
-                if (residual) v += res[j][e];
-                static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v);
-            }
+        for (int e = 0; e < 4; e++) {
+            const int t = r0 + 8 * j + 2 * (lane % 4) + (e & 1), f = fa + 8 * (e >> 1);
+            if (t >= M || f >= N) continue;
+            float v = acc[j][e] + bias[e >> 1];
+            if (EPI == MATMUL_LT_BIAS_GELU) v = gelu_tanh(v);
+            if (residual) v += res[j][e];
+            static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v);
+        }
 }
 
 // ----------------------------------------------------------------------------
@@ -228,8 +228,9 @@ cudaError_t launch_rows(int rb, const Out &out, const void *x, const void *W, in
 }
 
 // Rows a block: 16 to 16 rows, else 32 (two row blocks at 64: half of x's bytes after the wait, for
-// twice the W reads before it). Measured in docs/PERF.md, "Session 21": 64 rows a block is 0-8%
-// slower at 48-64 rows, 16 a block 2x slower for fc there. GPT2_ROWS_TILE=16|32|64 forces one.
+// twice the W reads before it). Measured in docs/PERF.md, "Session 21": at 48-64 rows, 64 a block
+// is within 2% for qkv and fc and 14% slower for the projection, 16 a block 1.6x slower for fc.
+// GPT2_ROWS_TILE=16|32|64 forces one.
 int pick_rows(int M) {
     const char *env = getenv("GPT2_ROWS_TILE");
     const int forced = env ? atoi(env) : 0;
