@@ -232,8 +232,8 @@ cudaError_t launch_rows(int rb, const Out &out, const void *x, const void *W, in
 // is within 2% for qkv and fc and 14% slower for the projection, 16 a block 1.6x slower for fc.
 // GPT2_ROWS_TILE=16|32|64 forces one.
 int pick_rows(int M) {
-    const char *env = getenv("GPT2_ROWS_TILE");
-    const int forced = env ? atoi(env) : 0;
+    static int forced = -1;  // read once: the engine asks at every product
+    if (forced < 0) forced = getenv("GPT2_ROWS_TILE") ? atoi(getenv("GPT2_ROWS_TILE")) : 0;
     if (forced == 16 || forced == 32 || forced == 64) return forced;
     return M <= 16 ? 16 : 32;
 }
@@ -246,10 +246,10 @@ bool fits(int K, int rb) {
 
 extern "C" int gemm_rows_available(void) {
 #if GPT2_SM90A
-    const char *env = getenv("GPT2_GEMM_ROWS");
-    return device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9 &&
-           device_attr<cudaDevAttrComputeCapabilityMinor>(-1) == 0 && !(env && strcmp(env, "0") == 0) &&
-           encode_tiled() != NULL;
+    static int off = -1;  // GPT2_GEMM_ROWS=0, read once: the engine asks at every product
+    if (off < 0) off = getenv("GPT2_GEMM_ROWS") && strcmp(getenv("GPT2_GEMM_ROWS"), "0") == 0;
+    return !off && device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9 &&
+           device_attr<cudaDevAttrComputeCapabilityMinor>(-1) == 0 && encode_tiled() != NULL;
 #else
     return 0;
 #endif

@@ -64,6 +64,8 @@
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
 // crossover).
+enum { GEMM_ROWS_FROM = 17 };  // the fewest rows gemm_rows takes over from the fused kernels
+
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
     if (forced[0] == -2) {
@@ -75,8 +77,8 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     }
     if (forced[op] >= 0) return forced[op];
     const int rows = fused_linear_rows(s->dtype, op);
-    if (op != LINEAR_OP_LOGITS && s->dtype == DTYPE_BF16 && M > 16 && gemm_rows_takes(M, N, K))
-        return rows < 16 ? rows : 16;
+    if (op != LINEAR_OP_LOGITS && s->dtype == DTYPE_BF16 && M >= GEMM_ROWS_FROM && gemm_rows_takes(M, N, K))
+        return rows < GEMM_ROWS_FROM - 1 ? rows : GEMM_ROWS_FROM - 1;
     return rows;
 }
 
