@@ -1,6 +1,7 @@
-// Thread-block clusters (sm_90 on): the cluster barrier in halves and stores into another block's
-// shared memory (distributed shared memory), shared by the cluster GEMV (linear_kernels.cuh) and the
-// decode attention's in-cluster merge (fused_attention.cu). Callers launch the kernels that use
+// Thread-block clusters (sm_90 on): the cluster barrier in halves, and loads from and stores into
+// another block's shared memory (distributed shared memory), shared by the cluster GEMV
+// (linear_kernels.cuh), the decode attention's in-cluster merge (fused_attention.cu) and the few-row
+// GEMM's split of K (gemm_rows.cu). Callers launch the kernels that use
 // them only where the device has clusters; compiled for an older target they trap.
 //
 // barrier.cluster.wait waits for the cluster's non-exited threads to arrive (PTX ISA), so a block
@@ -27,7 +28,7 @@ __device__ __forceinline__ void cluster_arrive() { CLUSTER_ASM("barrier.cluster.
 __device__ __forceinline__ void cluster_wait() { CLUSTER_ASM("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 // The shared::cluster address of `smem` (this block's shared memory) in block `rank` of the cluster,
-// and 16-byte and 4-byte stores there.
+// 16-byte and 4-byte stores there and 4-byte loads from there.
 __device__ __forceinline__ uint32_t cluster_map(const void *smem, int rank) {
     uint32_t a = 0;
     CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;"
@@ -42,6 +43,12 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
 }
 __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
+__device__ __forceinline__ float ld_cluster(uint32_t addr) {
+    float v = 0.0f;
+    CLUSTER_ASM("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
 }
 
 #undef CLUSTER_ASM

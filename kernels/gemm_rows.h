@@ -12,12 +12,16 @@
 //   - one warpgroup multiplies as each K slice lands: wgmma with W's 64 columns as the 64-row A
 //     operand and x's rows as the N side ("swap AB": a decode batch of 8-64 rows is a legal wgmma N,
 //     where as the M side it would pad to 64), so D is y's tile transposed;
+//   - where the W tile would not fit (the MLP projection's K = 3072), K splits over the 2-8 blocks
+//     of a cluster: each block multiplies its part of K, and the cluster adds the partial tiles
+//     through distributed shared memory, in a fixed order;
 //   - the epilogue adds the bias (read before the wait), GELU, or the residual (read as x lands).
-// Measured against LayerNorm + cuBLASLt and the other fused kernels in docs/PERF.md, "Session 21".
+// Measured against LayerNorm + cuBLASLt and the other fused kernels in docs/PERF.md, "Session 21"
+// and "Session 22".
 //
-// Shapes: 0 <= M <= 64, K % 8 == 0 (TMA's 16-byte row stride) and K small enough that the W tile and
-// x's rows fit in shared memory (gemm_rows_takes: to K = 1152 at 32 rows on an H100 or H200, so
-// GPT-2's 768 but not the MLP projection's 3072); x and W 16-byte aligned.
+// Shapes: 0 <= M <= 64, K % 8 == 0 (TMA's 16-byte row stride) and K small enough that an eighth of
+// the W tile and x's rows fit in shared memory (gemm_rows_takes: to K = 6656 at 64 rows on an H100
+// or H200, so every GPT-2 size's layer products); x and W 16-byte aligned.
 // y, ldy, bias as matmul_lt's: y fp32 for NONE and BIAS_RESIDUAL (bias fp32), else bf16 (bias bf16).
 // All pointers are device memory; nothing is allocated per call (the tensor maps are kernel
 // parameters), so calls can be captured in a CUDA graph.
@@ -43,10 +47,12 @@ int gemm_rows_takes(int M, int N, int K);
 cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
                       const void *bias, int M, int N, int K, cudaStream_t stream);
 
-// The same with a forced number of rows a block (tests, benchmarks): rb in {16, 32, 64}; 0 picks
-// as gemm_rows does. GPT2_ROWS_TILE=16|32|64 forces one for gemm_rows too.
+// The same with a forced number of rows a block and blocks K splits over (tests, benchmarks): rb in
+// {16, 32, 64}, ks in {1, 2, 4, 8}; 0 picks as gemm_rows does (cudaErrorNotSupported where the
+// forced split's part of K does not fit). GPT2_ROWS_TILE=16|32|64 and GPT2_ROWS_SPLIT=1|2|4|8 force
+// them for gemm_rows too.
 cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
-                         const void *bias, int M, int N, int K, int rb, cudaStream_t stream);
+                         const void *bias, int M, int N, int K, int rb, int ks, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,8 @@
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8:
 // below). Past fused_rows() the linear ops run the LayerNorm kernel and GEMMs with the bias, GELU
 // (bf16) and the residual add in their epilogue: gemm_rows (kernels/gemm_rows.h) where it takes the
-// product (bf16, up to 64 rows, on Hopper: batched decode), else cuBLASLt (kernels/matmul_lt.h).
+// product (bf16, up to 64 rows, on Hopper: decode, the projections at every batch), else cuBLASLt
+// (kernels/matmul_lt.h).
 // Seven launches per block in bf16 with the fused attention (fp32 adds a GELU pass, and in prefill
 // qkv_split), where the reference table's linear steps (cuBLAS, then bias, GELU and residual
 // kernels) took thirteen:
@@ -47,24 +48,30 @@
     } while (0)
 
 // The most rows the fused linear kernels take for a product of M x K -> N; more go through the
-// many-row route (the LayerNorm kernel, then gemm_rows or cuBLASLt: many_rows_product below).
-// bf16 on sm_90 and later: 16 where gemm_rows takes the product (qkv, fc, the attention
-// projection), else 32 with the LayerNorm (the cluster GEMV) and without it (the MLP projection:
-// the skinny kernel); the logits 4; before sm_90: 4 (fused_linear_rows).
-// Decode of GPT-2 124M on an H200, bench --quick: LayerNorm + gemm_rows for those three against the
-// cluster GEMV and the skinny kernel, B=8 -7%, B=16 -9%, B=24 +9%, B=32 +12% (docs/PERF.md,
-// "Session 21"); before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm +
-// cuBLASLt, B=8 18,040 vs 15,271 tokens/s, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64
-// 95,609 vs 117,261 ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias +
-// residual epilogue, B=8 +10%, B=16 +10%, B=32 +6%, and slower at 48 and 64 rows ("Session 10";
-// since its warps split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
+// many-row route (the LayerNorm kernel where there is one, then gemm_rows or cuBLASLt:
+// many_rows_product below).
+// bf16 where gemm_rows takes the product (Hopper): the projections none at all, qkv and fc 16 (the
+// cluster GEMV below that); elsewhere 32 with the LayerNorm (the cluster GEMV) and without it (the
+// skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
+// Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
+//   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
+//     cuBLASLt: B=1 +8%, B=2-16 +14-19% ("Session 22");
+//   - LayerNorm + gemm_rows for qkv and fc against the cluster GEMV: B=8 -7%, B=16 -9%, B=24 +9%,
+//     B=32 +12% ("Session 21"; with the projections on gemm_rows, B=8 -8%, B=16 -6%: "Session 22");
+//   - before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm + cuBLASLt: B=8
+//     18,040 vs 15,271, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64 95,609 vs 117,261
+//     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
+//     epilogue: B=8 +10%, B=16 +10%, B=32 +6%, slower at 48 and 64 rows ("Session 10"; since its warps
+//     split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
+// The logits stay on cuBLASLt past 4 rows: gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64
+// ("Session 22").
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
 // docs/PERF.md, "Fused LayerNorm + Linear").
 // GPT2_FUSED_ROWS=N overrides all three (0: every step through the many-row route),
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
 // crossover).
-enum { GEMM_ROWS_FROM = 17 };  // the fewest rows gemm_rows takes over from the fused kernels
+enum { GEMM_ROWS_FROM = 17 };  // the fewest rows gemm_rows takes over from the cluster GEMV (qkv, fc)
 
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
@@ -77,9 +84,9 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     }
     if (forced[op] >= 0) return forced[op];
     const int rows = fused_linear_rows(s->dtype, op);
-    if (op != LINEAR_OP_LOGITS && s->dtype == DTYPE_BF16 && M >= GEMM_ROWS_FROM && gemm_rows_takes(M, N, K))
-        return rows < GEMM_ROWS_FROM - 1 ? rows : GEMM_ROWS_FROM - 1;
-    return rows;
+    if (op == LINEAR_OP_LOGITS || s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
+    if (op == LINEAR_OP_PLAIN) return 0;
+    return M >= GEMM_ROWS_FROM && rows >= GEMM_ROWS_FROM ? GEMM_ROWS_FROM - 1 : rows;
 }
 
 // A product of the many-row route: gemm_rows (bf16, up to 64 rows of a K that fits, on Hopper) where

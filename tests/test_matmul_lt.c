@@ -137,8 +137,8 @@ typedef struct {
 } Bufs;
 
 // Set: run_case and test_graph send their product through gemm_rows_ex with this many rows a block
-// (kernels/gemm_rows.h) instead of matmul_lt.
-static int rows_rb;
+// and K split over rows_ks blocks (kernels/gemm_rows.h) instead of matmul_lt.
+static int rows_rb, rows_ks;
 
 static DType out_type(const Case *c) { return matmul_lt_ytype(c->epilogue, c->dt); }
 static size_t ldy(const Case *c) { return (size_t)c->N + c->pad; }
@@ -188,7 +188,7 @@ static cublasStatus_t run_lt(const Case *c, const Bufs *b, void *y) {
     if (rows_rb) {
         const cudaError_t e = gemm_rows_ex(c->epilogue, y, (long long)ldy(c), b->x, b->W,
                                            c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K,
-                                           rows_rb, stream);
+                                           rows_rb, rows_ks, stream);
         if (e != cudaSuccess) printf("  gemm_rows: %s\n", cudaGetErrorString(e));
         return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
     }
@@ -233,7 +233,8 @@ static int judge(const char *name, const Case *c, const Bufs *b, float *out, con
 
 static void case_name(char *name, size_t len, const Case *c, const char *what) {
     char route[32] = "matmul_lt";
-    if (rows_rb) snprintf(route, sizeof(route), "gemm_rows rb %d", rows_rb);
+    if (rows_rb && rows_ks) snprintf(route, sizeof(route), "gemm_rows rb %d ks %d", rows_rb, rows_ks);
+    else if (rows_rb) snprintf(route, sizeof(route), "gemm_rows rb %d", rows_rb);
     snprintf(name, len, "%s %s %s M=%d N=%d K=%d%s%s%s", route, dtype_name(c->dt), epilogue_name[c->epilogue], c->M,
              c->N, c->K, c->big ? " large-magnitude" : "", c->offset ? " misaligned" : "", what);
 }
@@ -456,10 +457,11 @@ static void test_bad_args(void) {
 // ----------------------------------------------------------------------------
 // gemm_rows (kernels/gemm_rows.h): the same products of up to 64 rows on Hopper
 
-// Every row tile at batched-decode row counts (a row block partly past M, one row, a multiple of 8
-// and not), GPT-2's layer products, a K whose last slice is partial and an N whose last column
-// block is, a misaligned output; the logits' width once; a graph replay; and two products chained
-// in a graph by PDL, the second reading what the first wrote.
+// Every row tile and split of K at batched-decode row counts (a row block partly past M, one row, a
+// multiple of 8 and not), GPT-2's layer products, a K whose last slice is partial and an N whose last
+// column block is, a K with fewer slices than a cluster has blocks, a misaligned output; the logits'
+// width once; a graph replay; and the MLP's two products chained in a graph by PDL, the second
+// reading what the first wrote.
 static void test_rows(void) {
     static const struct {
         MatmulLtEpilogue epilogue;
@@ -468,21 +470,25 @@ static void test_rows(void) {
         {MATMUL_LT_BIAS, 2304, 768},          // qkv
         {MATMUL_LT_BIAS_RESIDUAL, 768, 768},  // attention projection
         {MATMUL_LT_BIAS_GELU, 3072, 768},     // fc
+        {MATMUL_LT_BIAS_RESIDUAL, 768, 3072}, // MLP projection: its part of K fits from 4 blocks on
         {MATMUL_LT_BIAS, 1000, 104},
         {MATMUL_LT_NONE, 200, 72},
-        {MATMUL_LT_BIAS_RESIDUAL, 72, 136},
+        {MATMUL_LT_BIAS_RESIDUAL, 72, 136},   // 3 slices: blocks with none past a split of 2
     };
-    const int Ms[] = {1, 5, 8, 17, 32, 33, 64}, rbs[] = {16, 32, 64};
-    for (int ri = 0; ri < 3; ri++) {
-        rows_rb = rbs[ri];
-        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
-            for (int mi = 0; mi < 7; mi++) {
-                if (small && (mi % 3 || si > 3)) continue;
-                Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0};
-                run_case(&c, "");
-            }
-    }
-    rows_rb = 32;
+    const int Ms[] = {1, 5, 8, 17, 32, 33, 64}, rbs[] = {16, 32, 64}, kss[] = {1, 2, 4, 8};
+    for (int ri = 0; ri < 3; ri++)
+        for (int ki = 0; ki < 4; ki++) {
+            rows_rb = rbs[ri], rows_ks = kss[ki];
+            for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+                for (int mi = 0; mi < 7; mi++) {
+                    if (shapes[si].K == 3072 && rows_ks < 4) continue;  // does not fit (refused below)
+                    if (rows_ks > 1 && (mi == 1 || mi == 2 || mi == 4)) continue;
+                    if (small && (mi % 3 || si > 4)) continue;
+                    Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0};
+                    run_case(&c, "");
+                }
+        }
+    rows_rb = 32, rows_ks = 0;
     Case misaligned = {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 24, 1000, 104, 0, 16, 3};  // y rows 1003 apart
     run_case(&misaligned, "");
     if (!small) {
@@ -490,48 +496,54 @@ static void test_rows(void) {
         run_case(&logits, " ldy 50304");
     }
     test_graph((Case){MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 40, 384, 256, 0, 0, 0});
+    rows_ks = 4;
+    test_graph((Case){MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 64, 768, 3072, 0, 0, 0});
 
-    // What gemm_rows refuses: K % 8, a K whose tile does not fit (the MLP projection's 3072), more
-    // than 64 rows, a misaligned x; nothing is launched.
+    // What gemm_rows refuses: K % 8, a K whose eighth does not fit, a split whose part does not (the
+    // MLP projection's K whole), a split that is not a power of two to 8, more than 64 rows, a
+    // misaligned x, no bias; nothing is launched.
     void *base;
     uint16_t *d = dev_buf(1 << 20, 0, &base);
-    const cudaError_t e[5] = {
+    const cudaError_t e[7] = {
         gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 100, stream),
-        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 3072, stream),
+        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 16384, stream),
+        gemm_rows_ex(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 3072, 16, 1, stream),
+        gemm_rows_ex(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 768, 16, 3, stream),
         gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 65, 64, 64, stream),
         gemm_rows(MATMUL_LT_NONE, d, 64, d + 4, d, NULL, 8, 64, 64, stream),
         gemm_rows(MATMUL_LT_BIAS, d, 64, d, d, NULL, 8, 64, 64, stream),  // no bias
     };
     CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
-              e[3] == cudaErrorNotSupported && e[4] == cudaErrorInvalidValue && !gemm_rows_takes(8, 64, 3072) &&
-              gemm_rows_takes(64, 3072, 768),
-          "gemm_rows refuses what it cannot run", "got %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4]);
+              e[3] == cudaErrorInvalidValue && e[4] == cudaErrorNotSupported && e[5] == cudaErrorNotSupported &&
+              e[6] == cudaErrorInvalidValue && !gemm_rows_takes(8, 64, 16384) && gemm_rows_takes(64, 768, 3072),
+          "gemm_rows refuses what it cannot run", "got %d %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5],
+          e[6]);
     cudaFree(base);
 
-    // fc then the MLP projection (K = 3072 does not fit, so 768 -> 768 -> 768 here) in one graph:
+    // fc then the MLP projection in one graph, as a decode step runs them (the second with K split):
     // h = gelu(x W1^T + b1), y += h W2^T + b2, with h poisoned (NaN) by a memset node before the first
     // product on every replay. A second product that read h before its wait would see NaN.
-    const int M = 48, C = 768;
+    const int M = 48, C = 768, H = 3072;
     void *bb[9];
-    uint16_t *x = dev_buf((size_t)M * C * 2, 0, &bb[0]), *W1 = dev_buf((size_t)C * C * 2, 0, &bb[1]);
-    uint16_t *W2 = dev_buf((size_t)C * C * 2, 0, &bb[2]), *h = dev_buf((size_t)M * C * 2, 0, &bb[3]);
-    uint16_t *b1 = dev_buf(C * 2, 0, &bb[4]);
+    uint16_t *x = dev_buf((size_t)M * C * 2, 0, &bb[0]), *W1 = dev_buf((size_t)H * C * 2, 0, &bb[1]);
+    uint16_t *W2 = dev_buf((size_t)C * H * 2, 0, &bb[2]), *h = dev_buf((size_t)M * H * 2, 0, &bb[3]);
+    uint16_t *b1 = dev_buf(H * 2, 0, &bb[4]);
     float *b2 = dev_buf(C * 4, 0, &bb[5]), *y = dev_buf((size_t)M * C * 4, 0, &bb[6]);
-    float *b1f = dev_buf(C * 4, 0, &bb[7]), *scratch = dev_buf((size_t)M * C * 4, 0, &bb[8]);  // unfused side
-    float *hx = xmalloc((size_t)M * C * 4), *hw = xmalloc((size_t)C * C * 4), *hb = xmalloc(C * 4);
+    float *b1f = dev_buf(H * 4, 0, &bb[7]), *scratch = dev_buf((size_t)M * H * 4, 0, &bb[8]);  // unfused side
+    float *hx = xmalloc((size_t)M * C * 4), *hw = xmalloc((size_t)H * C * 4), *hb = xmalloc(H * 4);
     fill(hx, (size_t)M * C, 1.0), upload(x, hx, (size_t)M * C, DTYPE_BF16);
-    fill(hw, (size_t)C * C, 0.06), upload(W1, hw, (size_t)C * C, DTYPE_BF16);
-    fill(hw, (size_t)C * C, 0.06), upload(W2, hw, (size_t)C * C, DTYPE_BF16);
-    fill(hb, C, 0.1);
-    for (int i = 0; i < C; i++) hb[i] = bf16_to_float(float_to_bf16(hb[i]));  // b1's values, exactly, in fp32
-    upload(b1, hb, C, DTYPE_BF16), upload(b1f, hb, C, DTYPE_F32), upload(b2, hb, C, DTYPE_F32);
+    fill(hw, (size_t)H * C, 0.06), upload(W1, hw, (size_t)H * C, DTYPE_BF16);
+    fill(hw, (size_t)C * H, 0.03), upload(W2, hw, (size_t)C * H, DTYPE_BF16);
+    fill(hb, H, 0.1);
+    for (int i = 0; i < H; i++) hb[i] = bf16_to_float(float_to_bf16(hb[i]));  // b1's values, exactly, in fp32
+    upload(b1, hb, H, DTYPE_BF16), upload(b1f, hb, H, DTYPE_F32), upload(b2, hb, C, DTYPE_F32);
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     cudaError_t e1 = cudaErrorUnknown, e2 = cudaErrorUnknown;
     if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) {
-        cuda_ok(cudaMemsetAsync(h, 0xff, (size_t)M * C * 2, stream), "poison");
-        e1 = gemm_rows(MATMUL_LT_BIAS_GELU, h, C, x, W1, b1, M, C, C, stream);
-        e2 = gemm_rows(MATMUL_LT_BIAS_RESIDUAL, y, C, h, W2, b2, M, C, C, stream);
+        cuda_ok(cudaMemsetAsync(h, 0xff, (size_t)M * H * 2, stream), "poison");
+        e1 = gemm_rows(MATMUL_LT_BIAS_GELU, h, H, x, W1, b1, M, H, C, stream);
+        e2 = gemm_rows(MATMUL_LT_BIAS_RESIDUAL, y, C, h, W2, b2, M, C, H, stream);
         if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture"))
             cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
     }
@@ -545,9 +557,9 @@ static void test_rows(void) {
         cuda_ok(cudaMemsetAsync(y, 0, (size_t)M * C * 4, stream), "memset");
         cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
         for (int i = 0; i < 3 && st == CUBLAS_STATUS_SUCCESS; i++) {
-            st = matmul_lt_unfused(cublas, MATMUL_LT_BIAS_GELU, h, x, W1, DTYPE_BF16, b1f, M, C, C, scratch, stream);
+            st = matmul_lt_unfused(cublas, MATMUL_LT_BIAS_GELU, h, x, W1, DTYPE_BF16, b1f, M, H, C, scratch, stream);
             if (st == CUBLAS_STATUS_SUCCESS)
-                st = matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, y, h, W2, DTYPE_BF16, b2, M, C, C, scratch,
+                st = matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, y, h, W2, DTYPE_BF16, b2, M, C, H, scratch,
                                        stream);
         }
         cuda_ok(cudaStreamSynchronize(stream), "unfused");
@@ -566,7 +578,7 @@ static void test_rows(void) {
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
     for (int i = 0; i < 9; i++) cudaFree(bb[i]);
-    rows_rb = 0;
+    rows_rb = rows_ks = 0;
 }
 
 int main(void) {
