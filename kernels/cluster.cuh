@@ -45,6 +45,26 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
+// Host side: true when the device can hold at least one cluster of `blocks` blocks of `kernel` at
+// once (`threads` a block, `smem` bytes of dynamic shared memory each): a cluster's blocks share one
+// GPC. The kernel's attributes (its shared memory, non-portable cluster sizes) are set first.
+static inline bool cluster_fits(const void *kernel, int blocks, int threads, size_t smem) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = blocks;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) return true;
+    cudaGetLastError();
+    return false;
+}
+
 __device__ __forceinline__ float ld_cluster(uint32_t addr) {
     float v = 0.0f;
     CLUSTER_ASM("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");

@@ -1394,21 +1394,9 @@ template <typename K> int decode_cluster_splits(K kern) {
     for (int i = 0; i < nknown && !limit; i++)
         if (known[i].fn == reinterpret_cast<const void *>(kern) && known[i].dev == dev) limit = known[i].limit;
     if (!limit) {
-        int clusters = 0;
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = kMaxClusterSplits;
-        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(kMaxClusterSplits);
-        cfg.blockDim = dim3(kThreads);
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
         const bool ok = cudaFuncSetAttribute(reinterpret_cast<const void *>(kern),
                                              cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-                        cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void *>(kern), &cfg) ==
-                            cudaSuccess &&
-                        clusters > 0;
+                        cluster_fits(reinterpret_cast<const void *>(kern), kMaxClusterSplits, kThreads, 0);
         if (!ok) cudaGetLastError();
         limit = ok ? kMaxClusterSplits : 8;
         if (nknown < 32) known[nknown++] = Entry{reinterpret_cast<const void *>(kern), dev, limit};

@@ -5,6 +5,7 @@
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
 //   x_tiles  the same slices of x's RB rows x 64 k (RB x 128 bytes each)
 //   partial  K split (ks > 1): its partial sums of the 64 x RB tile, fp32, for the cluster to add
+//   lnsm     LN (the LayerNorm in the residual epilogue): its row statistics, 8 RB floats
 //   barriers one for all of W (before the wait), one per x slice (each thread waits on the slice
 //            it multiplies next, so the MMAs start while later slices are still in flight)
 #include <cuda.h>          // CUtensorMap
@@ -34,18 +35,22 @@ constexpr int PSTR = BF + 4;    // a row of partial sums: 64 columns, padded so 
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
 
-// Shared memory of a block for K over ks blocks and RB rows, the alignment slack included.
-constexpr size_t smem_bytes(int K, int rb, int ks) {
+// Shared memory of a block for K over ks blocks and RB rows, the alignment slack included; ln: the
+// LayerNorm's row statistics (8 floats a row: below).
+constexpr size_t smem_bytes(int K, int rb, int ks, bool ln = false) {
     const size_t slices = part_slices(K, ks);
     return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
-           (1 + slices) * sizeof(uint64_t);
+           (ln ? (size_t)rb * 8 * sizeof(float) : 0) + (1 + slices) * sizeof(uint64_t);
 }
 
-// Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type.
+// Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type;
+// with the LayerNorm, ln [M, N] (bf16, rows N apart) = LayerNorm(y's new rows) * gamma + beta.
 struct Out {
     void *y;
     long long ldy;
     const void *bias;
+    const float *gamma, *beta;
+    bf16 *ln;
 };
 
 // ----------------------------------------------------------------------------
@@ -93,6 +98,80 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 #undef SM90_ASM
 
 // ----------------------------------------------------------------------------
+// The LayerNorm of the new rows (LN: the attention projection, whose output fc reads normalised)
+//
+// The cluster's blocks hold all N columns of RB rows, 64 each. Exact two-level statistics: each
+// block takes its mean and M2 = sum (v - mean)^2 over its 64 columns (two passes over registers),
+// and the blocks' pairs combine (Chan et al.: with equal counts, the mean of the means, and
+// M2 = sum M2_b + 64 sum (mean_b - mean)^2). No sum of raw squares, so a row whose mean is large
+// against its spread keeps its variance.
+// Shared memory (8 RB floats): red [4 warps][RB], stats [RB] (mean_b, M2_b: read by the whole
+// cluster), row [RB] (mean, rstd).
+
+// Each of RB rows' sum over the block's 64 columns of v, laid out as the accumulators (v[4 j + e]
+// at row 8 j + 2 (lane % 4) + (e & 1)); thread tid < RB gets row tid's.
+template <int RB>
+__device__ __forceinline__ float block_row_sum(const float (&v)[RB / 2], float *red, int warp, int lane, int tid) {
+#pragma unroll
+    for (int j = 0; j < RB / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float x = v[4 * j + h] + v[4 * j + h + 2];  // its columns fa and fa + 8
+            x += __shfl_xor_sync(0xffffffffu, x, 4);   // over the warp's 8 column pairs
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            if (lane < 4) red[warp * RB + 8 * j + 2 * lane + h] = x;
+        }
+    __syncthreads();
+    const float sum = tid < RB ? red[tid] + red[RB + tid] + red[2 * RB + tid] + red[3 * RB + tid] : 0.0f;
+    __syncthreads();  // red is used again
+    return sum;
+}
+
+// ln's rows r0.. from v (the new rows' values, as above; 0 past M) and gamma, beta at the thread's
+// columns fa, fa + 8. Every thread of the cluster calls it; it ends with the cluster's barrier.
+template <int RB>
+__device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const float (&gamma)[2],
+                                               const float (&beta)[2], bf16 *ln, float *lnsm, int r0, int fa, int M,
+                                               int N, int warp, int lane, int tid) {
+    float *red = lnsm;
+    float2 *stats = reinterpret_cast<float2 *>(lnsm + 4 * RB), *row = stats + RB;
+    const float sum = block_row_sum<RB>(v, red, warp, lane, tid);
+    if (tid < RB) row[tid].x = sum / BF;
+    __syncthreads();
+    float d[RB / 2];
+#pragma unroll
+    for (int i = 0; i < RB / 2; i++) {
+        const float c = v[i] - row[8 * (i / 4) + 2 * (lane % 4) + (i & 1)].x;
+        d[i] = c * c;
+    }
+    const float m2 = block_row_sum<RB>(d, red, warp, lane, tid);
+    if (tid < RB) stats[tid] = make_float2(row[tid].x, m2);
+    cluster_arrive();  // release: stats are visible to the cluster
+    cluster_wait();
+    if (tid < RB) {
+        const int blocks = N / BF;  // the cluster's
+        float mean = 0.0f, M2 = 0.0f;
+        for (int b = 0; b < blocks; b++) mean += ld_cluster(cluster_map(&stats[tid].x, b));
+        mean /= blocks;
+        for (int b = 0; b < blocks; b++) {
+            const float mb = ld_cluster(cluster_map(&stats[tid].x, b)) - mean;
+            M2 += ld_cluster(cluster_map(&stats[tid].y, b)) + BF * mb * mb;
+        }
+        row[tid] = make_float2(mean, rsqrtf(M2 / N + 1e-5f));  // biased variance, as GPT-2's
+    }
+    cluster_arrive();  // this block has read the others' stats
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < RB / 2; i++) {
+        const int lr = 8 * (i / 4) + 2 * (lane % 4) + (i & 1), t = r0 + lr, h = (i >> 1) & 1;
+        if (t < M)
+            ln[(size_t)t * N + fa + 8 * h] = from_f32<bf16>((v[i] - row[lr].x) * row[lr].y * gamma[h] + beta[h]);
+    }
+    cluster_wait();  // no block leaves while another reads its stats
+}
+
+// ----------------------------------------------------------------------------
 // The kernel
 //
 // Blocks KS bx .. KS bx + KS - 1 (one cluster) own columns f0 = 64 bx.. and rows r0 = RB by.., and
@@ -107,11 +186,14 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 // thread tid finishes column f0 + kp CW + tid % CW at rows r0 + tid / CW + (128 / CW) i.
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
+// LN (the residual epilogue, K whole): the N / 64 column blocks of a row block are one cluster,
+// and after the residual add they write ln (layernorm_rows above).
 
-template <int RB, int EPI, int KS>
+template <int RB, int EPI, int KS, bool LN>
 __global__ void __launch_bounds__(THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, Out out, int M,
                 int N, int K) {
+    static_assert(!LN || (EPI == MATMUL_LT_BIAS_RESIDUAL && KS == 1), "the LayerNorm follows a residual add");
     constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL;
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
     constexpr bool split = KS > 1;
@@ -123,7 +205,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int s0 = kp * per, slices = max(0, min(per, (K + BK - 1) / BK - s0));  // this block's slices
     unsigned char *w_tiles = smem, *x_tiles = smem + (size_t)per * W_SLICE;
     float *partial = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
-    uint64_t *w_full = reinterpret_cast<uint64_t *>(partial + (split ? RB * PSTR : 0)), *x_full = w_full + 1;
+    float *lnsm = partial + (split ? RB * PSTR : 0);                                      // [8 RB] with LN
+    uint64_t *w_full = reinterpret_cast<uint64_t *>(lnsm + (LN ? 8 * RB : 0)), *x_full = w_full + 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
@@ -147,6 +230,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++)
             if (col_of(2 * h) < N) bias[h] = to_f32(static_cast<const YT *>(out.bias)[col_of(2 * h)]);
+    float gamma[2] = {0.0f, 0.0f}, beta[2] = {0.0f, 0.0f};
+    if constexpr (LN)
+#pragma unroll
+        for (int h = 0; h < 2; h++) gamma[h] = out.gamma[fa + 8 * h], beta[h] = out.beta[fa + 8 * h];
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
@@ -190,9 +277,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         cluster_arrive();  // release: the partial tiles are visible to the cluster's acquire
         cluster_wait();
     }
+    float fin[NV];  // LN: the new rows' values (0 past M)
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i);
+        fin[i] = 0.0f;
         if (t >= M || f >= N) continue;
         float v = 0.0f;
         if constexpr (split) {
@@ -206,7 +295,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (EPI == MATMUL_LT_BIAS_GELU) v = gelu_tanh(v);
         if (residual) v += res[i];
         static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v);
+        fin[i] = v;
     }
+    if constexpr (LN) layernorm_rows<RB>(fin, gamma, beta, out.ln, lnsm, r0, fa, M, N, warp, lane, tid);
     if constexpr (split) {  // no block leaves while the others read its partial tile
         cluster_arrive();
         cluster_wait();
@@ -244,21 +335,29 @@ bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, int box_rows) 
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int RB, int EPI, int KS>
+// The kernel's shared memory allowed up to smem (per instantiation: the largest so far), and, with
+// the LayerNorm, clusters past the portable 8 blocks.
+template <int RB, int EPI, int KS, bool LN> cudaError_t allow(size_t smem) {
+    static size_t smem_set;
+    if (smem <= smem_set) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e == cudaSuccess && LN)
+        e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e == cudaSuccess) smem_set = smem;
+    return e;
+}
+
+template <int RB, int EPI, int KS, bool LN = false>
 cudaError_t launch(const Out &out, const void *x, const void *W, int M, int N, int K, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
     if (!tensor_map(&x_map, x, M, K, RB) || !tensor_map(&w_map, W, N, K, BF)) return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(K, RB, KS);
-    static size_t smem_set;  // per instantiation: the largest dynamic shared memory allowed so far
-    if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-        smem_set = smem;
-    }
+    const size_t smem = smem_bytes(K, RB, KS, LN);
+    const cudaError_t e = allow<RB, EPI, KS, LN>(smem);
+    if (e != cudaSuccess) return e;
     const dim3 grid((N + BF - 1) / BF * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS>, grid, dim3(THREADS), smem, KS, stream, x_map, w_map, out, M,
-                              N, K);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN>, grid, dim3(THREADS), smem, LN ? grid.x : KS, stream,
+                              x_map, w_map, out, M, N, K);
 }
 
 template <int RB, int EPI>
@@ -320,6 +419,34 @@ int pick_rows(int M, int K) {
     return M <= 32 || fits(K, 32, 1) ? 32 : 64;
 }
 
+// 1 when clusters of `blocks` blocks of the LayerNorm kernel with RB rows and K fit on the device
+// (asked of the driver once per size and shared memory: the engine asks at every product).
+template <int RB> bool ln_cluster_fits(int blocks, int K) {
+    static size_t yes[17], no[17];  // [blocks]: the most shared memory seen to fit, the least seen not to
+    const size_t smem = smem_bytes(K, RB, 1, true);
+    if (blocks < 1 || blocks > 16) return false;
+    if (smem <= yes[blocks]) return true;
+    if (no[blocks] && smem >= no[blocks]) return false;
+    const void *kernel = reinterpret_cast<const void *>(rows_kernel<RB, MATMUL_LT_BIAS_RESIDUAL, 1, true>);
+    const bool ok = allow<RB, MATMUL_LT_BIAS_RESIDUAL, 1, true>(smem) == cudaSuccess &&
+                    cluster_fits(kernel, blocks, THREADS, smem);
+    (ok ? yes : no)[blocks] = smem;
+    return ok;
+}
+
+// The LayerNorm kernel's shapes: N whole 64-column blocks, at most 16 of them (the largest cluster,
+// a non-portable size), K whole in shared memory, and such a cluster fits on the device.
+bool ln_fits(int N, int K, int rb) {
+    if (N % BF || N / BF > 16 ||
+        smem_bytes(K, rb, 1, true) > (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0))
+        return false;
+    switch (rb) {
+    case 16: return ln_cluster_fits<16>(N / BF, K);
+    case 32: return ln_cluster_fits<32>(N / BF, K);
+    default: return ln_cluster_fits<64>(N / BF, K);
+    }
+}
+
 }  // namespace
 
 extern "C" int gemm_rows_available(void) {
@@ -345,11 +472,12 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
         (ks && ks != 1 && ks != 2 && ks != 4 && ks != 8))
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, K);
-    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16) return cudaErrorNotSupported;
+    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16)
+        return cudaErrorNotSupported;
     if (!ks) ks = pick_split(K, rb);
     if (!fits(K, rb, ks)) return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
-    const Out out = {y, ldy, bias};
+    const Out out = {y, ldy, bias, NULL, NULL, NULL};
     switch (epilogue) {
     case MATMUL_LT_NONE: return launch_rows<MATMUL_LT_NONE>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS: return launch_rows<MATMUL_LT_BIAS>(rb, ks, out, x, W, M, N, K, stream);
@@ -361,4 +489,29 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
 extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
                                  const void *bias, int M, int N, int K, cudaStream_t stream) {
     return gemm_rows_ex(epilogue, y, ldy, x, W, bias, M, N, K, 0, 0, stream);
+}
+
+extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
+    static int off = -1;  // GPT2_ROWS_LN=0
+    if (off < 0) off = getenv("GPT2_ROWS_LN") && strcmp(getenv("GPT2_ROWS_LN"), "0") == 0;
+    return !off && gemm_rows_available() && M >= 0 && M <= 64 && N > 0 && K > 0 && K % 8 == 0 &&
+           ln_fits(N, K, pick_rows(M, K));
+}
+
+extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias,
+                                             const float *gamma, const float *beta, void *ln, int M, int N, int K,
+                                             int rb, cudaStream_t stream) {
+    if (M < 0 || N <= 0 || K <= 0 || !y || !x || !W || !bias || !gamma || !beta || !ln ||
+        (rb && rb != 16 && rb != 32 && rb != 64))
+        return cudaErrorInvalidValue;
+    if (!rb) rb = pick_rows(M, K);
+    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 || !ln_fits(N, K, rb))
+        return cudaErrorNotSupported;
+    if (M == 0) return cudaSuccess;
+    const Out out = {y, N, bias, gamma, beta, static_cast<bf16 *>(ln)};
+    switch (rb) {
+    case 16: return launch<16, MATMUL_LT_BIAS_RESIDUAL, 1, true>(out, x, W, M, N, K, stream);
+    case 32: return launch<32, MATMUL_LT_BIAS_RESIDUAL, 1, true>(out, x, W, M, N, K, stream);
+    default: return launch<64, MATMUL_LT_BIAS_RESIDUAL, 1, true>(out, x, W, M, N, K, stream);
+    }
 }

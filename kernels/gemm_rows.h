@@ -54,6 +54,18 @@ cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const v
 cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
                          const void *bias, int M, int N, int K, int rb, int ks, cudaStream_t stream);
 
+// The attention projection with the next LayerNorm in its epilogue (batched decode's LN2, whose
+// kernel it replaces): y += x W^T + bias (y fp32 [M, N], rows N apart; bias fp32), then
+// ln = LayerNorm(y's new rows) * gamma + beta (bf16 [M, N], rows N apart; GPT-2's eps 1e-5). The
+// N / 64 column blocks of a row block form one thread-block cluster and combine exact two-level row
+// statistics (each block's mean and sum of squared deviations over its 64 columns) through
+// distributed shared memory. Takes N a multiple of 64 to 1024 (16 blocks: the largest cluster) and
+// a K whose W tile fits whole, where the device can place such a cluster; GPT2_ROWS_LN=0 turns it
+// off. rb as gemm_rows_ex's. Returns as gemm_rows does.
+int gemm_rows_ln_takes(int M, int N, int K);
+cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias, const float *gamma,
+                                  const float *beta, void *ln, int M, int N, int K, int rb, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,8 +23,10 @@
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache)
-//   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual)
-//   mlp_in     LayerNorm -> gelu(fc + bias) into h, one GEMM (fp32: a GELU pass follows, matmul_lt.h)
+//   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
+//              at 17-64 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
+//   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
+//              pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
 //   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
@@ -149,9 +151,22 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     return 0;
 }
 
+// The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
+// in bf16 and gemm_rows can (Hopper, 17-64 rows, C a multiple of 64 to 1024): fused_mlp_in then has
+// no LayerNorm kernel to run (docs/PERF.md, "Session 22"). The one place both ops ask.
+static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
+    return s->dtype == DTYPE_BF16 && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
+           st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C) && gemm_rows_ln_takes(st->M, s->C, s->C);
+}
+
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
+    if (attn_out_writes_ln2(s, st)) {
+        CUDA_TRY(gemm_rows_residual_ln(s->x, s->atty, ly->attprojw, ly->attprojb, ly->ln2w, ly->ln2b, s->ln, st->M,
+                                       s->C, s->C, 0, s->stream));
+        return 0;
+    }
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
         if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, ly->attprojb, st->M,
                               s->C, s->C, NULL, err))
@@ -165,7 +180,8 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
-        CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
+        if (!attn_out_writes_ln2(s, st))
+            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
                               s->C, s->scratch, err))
             return -1;

@@ -2,7 +2,8 @@
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
 //                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M]
-// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt, below)
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt, and with
+// LN2 in its epilogue against the LayerNorm kernel after it, below)
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -499,6 +500,69 @@ static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
     cudaFree(b.bias), cudaFree(b.y);
 }
 
+// The attention projection followed by LN2 (C = 768): gemm_rows then a LayerNorm kernel (the
+// baseline's, as the engine's one warp a row), against gemm_rows_residual_ln (both in one kernel),
+// validated against each other first.
+typedef struct {
+    int M, C, nsets;
+    void **x, **W;        // [nsets] bf16
+    float *bias, *gamma, *beta, *y;
+    void *ln;             // bf16 [M, C]
+} RowsLnBench;
+
+static void enqueue_proj_then_ln(void *p, int set) {
+    RowsLnBench *b = p;
+    CK(gemm_rows(MATMUL_LT_BIAS_RESIDUAL, b->y, b->C, b->x[set], b->W[set], b->bias, b->M, b->C, b->C, stream));
+    CK(baseline_layernorm(b->ln, b->y, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
+}
+static void enqueue_proj_ln(void *p, int set) {
+    RowsLnBench *b = p;
+    CK(gemm_rows_residual_ln(b->y, b->x[set], b->W[set], b->bias, b->gamma, b->beta, b->ln, b->M, b->C, b->C, 0,
+                             stream));
+}
+
+static void bench_rows_ln(int M) {
+    const int C = 768;
+    RowsLnBench b = {M, C, nsets_for((size_t)C * C * 2), NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    b.x = xmalloc(b.nsets * sizeof(void *));
+    b.W = xmalloc(b.nsets * sizeof(void *));
+    float *hw = xmalloc((size_t)C * C * 4), *hx = xmalloc((size_t)M * C * 4), *hv = xmalloc(C * 4);
+    for (int i = 0; i < b.nsets; i++) {
+        for (size_t j = 0; j < (size_t)C * C; j++) hw[j] = frand() * 0.03f;
+        for (size_t j = 0; j < (size_t)M * C; j++) hx[j] = frand();
+        b.W[i] = upload_w(hw, (size_t)C * C, DTYPE_BF16);
+        b.x[i] = upload_w(hx, (size_t)M * C, DTYPE_BF16);
+    }
+    for (int n = 0; n < C; n++) hv[n] = 0.1f * frand();
+    b.bias = upload_w(hv, C, DTYPE_F32);
+    b.beta = upload_w(hv, C, DTYPE_F32);
+    for (int n = 0; n < C; n++) hv[n] = 1.0f + 0.2f * frand();
+    b.gamma = upload_w(hv, C, DTYPE_F32);
+    CK(cudaMalloc((void **)&b.y, (size_t)M * C * 4));
+    CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
+    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
+    enqueue_proj_then_ln(&b, 0);
+    float *ref = fetch(b.ln, (size_t)M * C, DTYPE_BF16);
+    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
+    enqueue_proj_ln(&b, 0);
+    float *out = fetch(b.ln, (size_t)M * C, DTYPE_BF16);
+    const double e = rel_l2(out, ref, (size_t)M * C);
+    free(out), free(ref);
+    printf("rows proj+LN2    768->768  M=%-3d | gemm_rows + LayerNorm kernel", M);
+    if (!(e <= 1e-2)) {
+        printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
+    } else {
+        const Timing t2 = time_it(enqueue_proj_then_ln, &b, b.nsets), t1 = time_it(enqueue_proj_ln, &b, b.nsets);
+        printf(" %6.2f us | gemm_rows_residual_ln %6.2f (%.2fx)\n", t2.graph_us, t1.graph_us,
+               t2.graph_us / t1.graph_us);
+    }
+    fflush(stdout);
+    free(hw), free(hx), free(hv);
+    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
+    free(b.W), free(b.x);
+    cudaFree(b.bias), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.y), cudaFree(b.ln);
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
@@ -573,6 +637,7 @@ int main(int argc, char **argv) {
             bench_rows(MATMUL_LT_BIAS_GELU, 768, 3072, Mr[mi]);
             bench_rows(MATMUL_LT_BIAS_RESIDUAL, 3072, 768, Mr[mi]);
             bench_rows(MATMUL_LT_NONE, 768, 50304, Mr[mi]);  // the logits (wte padded to 64 rows)
+            if (gemm_rows_ln_takes(Mr[mi], 768, 768)) bench_rows_ln(Mr[mi]);
         }
         return 0;
     }
