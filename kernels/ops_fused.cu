@@ -52,9 +52,10 @@
 // The most rows the fused linear kernels take for a product of M x K -> N; more go through the
 // many-row route (the LayerNorm kernel where there is one, then gemm_rows or cuBLASLt:
 // many_rows_product below).
-// bf16 where gemm_rows takes the product (Hopper): the projections none at all, qkv and fc 16 (the
-// cluster GEMV below that); elsewhere 32 with the LayerNorm (the cluster GEMV) and without it (the
-// skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
+// bf16 where gemm_rows takes the product (Hopper): 0 for the projections (gemm_rows at every row
+// count), 16 for qkv and fc (the cluster GEMV to 16 rows); elsewhere 32 with the LayerNorm (the
+// cluster GEMV) and without it (the skinny kernel), the logits 4; before sm_90: 4
+// (fused_linear_rows).
 // Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
 //   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
 //     cuBLASLt: B=1 +8%, B=2-16 +14-19% ("Session 22");
