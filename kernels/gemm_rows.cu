@@ -460,9 +460,19 @@ extern "C" int gemm_rows_available(void) {
 #endif
 }
 
+// Past 32 rows the engine leaves a product to cuBLASLt where gemm_rows's grid would take more than
+// one wave of blocks (one an SM): only the first wave loads its W before the wait, and cuBLASLt's
+// larger tiles read W once. GPT-2 774M and 1558M at 48-64 rows ran 6-15% faster so, 124M and 355M
+// the same (its grids fit); at 17-32 rows gemm_rows wins even over several waves (docs/PERF.md,
+// "Session 22").
+constexpr int ONE_WAVE_PAST = 32;
+
 extern "C" int gemm_rows_takes(int M, int N, int K) {
-    return gemm_rows_available() && M >= 0 && M <= 64 && N > 0 && K > 0 && K % 8 == 0 &&
-           fits(K, pick_rows(M, K), MAX_SPLIT);
+    if (!gemm_rows_available() || M < 0 || M > 64 || N <= 0 || K <= 0 || K % 8) return 0;
+    const int rb = pick_rows(M, K), ks = pick_split(K, rb);
+    if (!fits(K, rb, ks)) return 0;
+    const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
+    return M <= ONE_WAVE_PAST || blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
 }
 
 extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,

@@ -39,7 +39,9 @@ extern "C" {
 // the driver gives cuTensorMapEncodeTiled; GPT2_GEMM_ROWS=0 turns it off (to compare routes).
 int gemm_rows_available(void);
 
-// 1 when gemm_rows can run this shape (above) on the current device.
+// 1 when gemm_rows can run this shape (above) on the current device and should: past 32 rows, only
+// where its grid fits in one wave of blocks (gemm_rows.cu says why). The engine's routing asks this;
+// gemm_rows itself runs any shape it can.
 int gemm_rows_takes(int M, int N, int K);
 
 // Returns cudaSuccess, cudaErrorNotSupported (not available, or a shape it does not take) or

@@ -521,6 +521,14 @@ static void test_rows(void) {
           e[6]);
     cudaFree(base);
 
+    // The engine's routing: past 32 rows only a grid of one wave (a block an SM) takes gemm_rows.
+    int sms = 0;
+    cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+    const int wide = 64 * (sms + 1);  // sms + 1 column blocks at K = 64, 32 rows a block past 16 rows
+    CHECK(gemm_rows_takes(32, wide, 64) && !gemm_rows_takes(64, wide, 64) && gemm_rows_takes(64, 64 * (sms / 2), 64),
+          "gemm_rows_takes: one wave of blocks past 32 rows", "%d SMs: got %d %d %d", sms,
+          gemm_rows_takes(32, wide, 64), gemm_rows_takes(64, wide, 64), gemm_rows_takes(64, 64 * (sms / 2), 64));
+
     // fc then the MLP projection in one graph, as a decode step runs them (the second with K split):
     // h = gelu(x W1^T + b1), y += h W2^T + b2, with h poisoned (NaN) by a memset node before the first
     // product on every replay. A second product that read h before its wait would see NaN.
