@@ -1,5 +1,6 @@
 // Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait, x's rows by
-// TMA after it, one wgmma warpgroup with W as the A operand, K split over a cluster's blocks.
+// TMA after it, one wgmma warpgroup with W as the A operand, K split over a cluster's blocks where
+// the tile does not fit; and the residual product that also writes the next LayerNorm's output.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
@@ -30,7 +31,7 @@ constexpr int BF = 64;          // W rows (output columns) a block: wgmma's M
 constexpr int THREADS = 128;    // one warpgroup
 constexpr int W_SLICE = BF * BK * 2;
 constexpr int MAX_SPLIT = 8;    // the most blocks K splits over: the portable cluster size
-constexpr int PSTR = BF + 4;    // a row of partial sums: 64 columns, padded so the stores below miss no bank
+constexpr int PSTR = BF + 4;    // a row of partial sums: 64 columns, padded against bank conflicts
 
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
