@@ -442,20 +442,31 @@ static void enqueue_rows_lt(void *p, int set) {
     CB(matmul_lt(lt, b->epi, b->y, b->N, b->x[set], b->W[set], DTYPE_BF16, b->bias, b->M, b->N, b->K, NULL, stream));
 }
 
+// nsets input sets for the few-row benches: W [nw] uniform in +-0.03 and x [nx] in +-1, bf16 on the
+// device; and their release.
+static void random_sets(int nsets, size_t nw, size_t nx, void ***W, void ***x) {
+    *W = xmalloc(nsets * sizeof(void *)), *x = xmalloc(nsets * sizeof(void *));
+    float *hw = xmalloc(nw * 4), *hx = xmalloc(nx * 4);
+    for (int i = 0; i < nsets; i++) {
+        for (size_t j = 0; j < nw; j++) hw[j] = frand() * 0.03f;
+        for (size_t j = 0; j < nx; j++) hx[j] = frand();
+        (*W)[i] = upload_w(hw, nw, DTYPE_BF16);
+        (*x)[i] = upload_w(hx, nx, DTYPE_BF16);
+    }
+    free(hw), free(hx);
+}
+static void free_sets(int nsets, void **W, void **x) {
+    for (int i = 0; i < nsets; i++) cudaFree(W[i]), cudaFree(x[i]);
+    free(W), free(x);
+}
+
 static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
     static const char *names[] = {"none", "bias", "bias+residual", "bias+gelu"};
     RowsBench b = {epi, M, N, K, 0, 0, 0, NULL, NULL, NULL, NULL};
     const DType yt = matmul_lt_ytype(epi, DTYPE_BF16);
     b.nsets = nsets_for((size_t)N * K * 2);
-    b.x = xmalloc(b.nsets * sizeof(void *));
-    b.W = xmalloc(b.nsets * sizeof(void *));
-    float *hw = xmalloc((size_t)N * K * 4), *hx = xmalloc((size_t)M * K * 4), *hb = xmalloc(N * 4);
-    for (int i = 0; i < b.nsets; i++) {
-        for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = frand() * 0.03f;
-        for (size_t j = 0; j < (size_t)M * K; j++) hx[j] = frand();
-        b.W[i] = upload_w(hw, (size_t)N * K, DTYPE_BF16);
-        b.x[i] = upload_w(hx, (size_t)M * K, DTYPE_BF16);
-    }
+    random_sets(b.nsets, (size_t)N * K, (size_t)M * K, &b.W, &b.x);
+    float *hb = xmalloc(N * 4);
     for (int n = 0; n < N; n++) hb[n] = 0.1f * frand();
     if (epi != MATMUL_LT_NONE) b.bias = upload_w(hb, N, yt);
     CK(cudaMalloc(&b.y, (size_t)M * N * dtype_size(yt)));
@@ -494,9 +505,8 @@ static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
     printf("\n");
     free(ref);
     fflush(stdout);
-    free(hw), free(hx), free(hb);
-    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
-    free(b.W), free(b.x);
+    free(hb);
+    free_sets(b.nsets, b.W, b.x);
     cudaFree(b.bias), cudaFree(b.y);
 }
 
@@ -524,15 +534,8 @@ static void enqueue_proj_ln(void *p, int set) {
 static void bench_rows_ln(int M) {
     const int C = 768;
     RowsLnBench b = {M, C, nsets_for((size_t)C * C * 2), NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    b.x = xmalloc(b.nsets * sizeof(void *));
-    b.W = xmalloc(b.nsets * sizeof(void *));
-    float *hw = xmalloc((size_t)C * C * 4), *hx = xmalloc((size_t)M * C * 4), *hv = xmalloc(C * 4);
-    for (int i = 0; i < b.nsets; i++) {
-        for (size_t j = 0; j < (size_t)C * C; j++) hw[j] = frand() * 0.03f;
-        for (size_t j = 0; j < (size_t)M * C; j++) hx[j] = frand();
-        b.W[i] = upload_w(hw, (size_t)C * C, DTYPE_BF16);
-        b.x[i] = upload_w(hx, (size_t)M * C, DTYPE_BF16);
-    }
+    random_sets(b.nsets, (size_t)C * C, (size_t)M * C, &b.W, &b.x);
+    float *hv = xmalloc(C * 4);
     for (int n = 0; n < C; n++) hv[n] = 0.1f * frand();
     b.bias = upload_w(hv, C, DTYPE_F32);
     b.beta = upload_w(hv, C, DTYPE_F32);
@@ -557,9 +560,8 @@ static void bench_rows_ln(int M) {
                t2.graph_us / t1.graph_us);
     }
     fflush(stdout);
-    free(hw), free(hx), free(hv);
-    for (int i = 0; i < b.nsets; i++) cudaFree(b.W[i]), cudaFree(b.x[i]);
-    free(b.W), free(b.x);
+    free(hv);
+    free_sets(b.nsets, b.W, b.x);
     cudaFree(b.bias), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.y), cudaFree(b.ln);
 }
 
