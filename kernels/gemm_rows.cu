@@ -32,6 +32,7 @@ constexpr int THREADS = 128;    // one warpgroup
 constexpr int W_SLICE = BF * BK * 2;
 constexpr int MAX_SPLIT = 8;    // the most blocks K splits over: the portable cluster size
 constexpr int PSTR = BF + 4;    // a row of partial sums: 64 columns, padded against bank conflicts
+constexpr int MAX_LN_BLOCKS = 16;  // the LayerNorm epilogue's largest cluster (a non-portable size)
 
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
@@ -150,15 +151,23 @@ __device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const f
     if (tid < RB) stats[tid] = make_float2(row[tid].x, m2);
     cluster_arrive();  // release: stats are visible to the cluster
     cluster_wait();
-    if (tid < RB) {
+    if (tid < RB) {  // each block's pair loaded once, all loads in flight together
         const int blocks = N / BF;  // the cluster's
+        float2 pair[MAX_LN_BLOCKS];
         float mean = 0.0f, M2 = 0.0f;
-        for (int b = 0; b < blocks; b++) mean += ld_cluster(cluster_map(&stats[tid].x, b));
+#pragma unroll
+        for (int b = 0; b < MAX_LN_BLOCKS; b++)
+            if (b < blocks) pair[b] = ld_cluster2(cluster_map(&stats[tid], b));
+#pragma unroll
+        for (int b = 0; b < MAX_LN_BLOCKS; b++)
+            if (b < blocks) mean += pair[b].x;
         mean /= blocks;
-        for (int b = 0; b < blocks; b++) {
-            const float mb = ld_cluster(cluster_map(&stats[tid].x, b)) - mean;
-            M2 += ld_cluster(cluster_map(&stats[tid].y, b)) + BF * mb * mb;
-        }
+#pragma unroll
+        for (int b = 0; b < MAX_LN_BLOCKS; b++)
+            if (b < blocks) {
+                const float mb = pair[b].x - mean;
+                M2 += pair[b].y + BF * mb * mb;
+            }
         row[tid] = make_float2(mean, rsqrtf(M2 / N + 1e-5f));  // biased variance, as GPT-2's
     }
     cluster_arrive();  // this block has read the others' stats
@@ -425,7 +434,7 @@ int pick_rows(int M, int K) {
 template <int RB> bool ln_cluster_fits(int blocks, int K) {
     static size_t yes[17], no[17];  // [blocks]: the most shared memory seen to fit, the least seen not to
     const size_t smem = smem_bytes(K, RB, 1, true);
-    if (blocks < 1 || blocks > 16) return false;
+    if (blocks < 1 || blocks > MAX_LN_BLOCKS) return false;
     if (smem <= yes[blocks]) return true;
     if (no[blocks] && smem >= no[blocks]) return false;
     const void *kernel = reinterpret_cast<const void *>(rows_kernel<RB, MATMUL_LT_BIAS_RESIDUAL, 1, true>);
@@ -438,7 +447,7 @@ template <int RB> bool ln_cluster_fits(int blocks, int K) {
 // The LayerNorm kernel's shapes: N whole 64-column blocks, at most 16 of them (the largest cluster,
 // a non-portable size), K whole in shared memory, and such a cluster fits on the device.
 bool ln_fits(int N, int K, int rb) {
-    if (N % BF || N / BF > 16 ||
+    if (N % BF || N / BF > MAX_LN_BLOCKS ||
         smem_bytes(K, rb, 1, true) > (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0))
         return false;
     switch (rb) {

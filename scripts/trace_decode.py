@@ -10,7 +10,8 @@ previous kernel had completed), 2 it exited. A step runs until its first kernel'
 back (the next replay of the graph); its
 kernels are, in launch order, the embedding, five per layer (qkv, attention, proj, fc, fcproj; --ops
 names another sequence, e.g. four where the attention applies the projection), the logits and the
-sampler. Per kernel, the median over the decode steps (a prefill has other kernels
+sampler (--tail names others: batched decode runs the final LayerNorm, then the logits on cuBLASLt,
+whose kernels carry no stamps, e.g. `--ops ln1,qkv,attention,proj,fc,fcproj --tail lnf,sampling`). Per kernel, the median over the decode steps (a prefill has other kernels
 and is left out):
   release   first block's pdl_wait() returning: the previous kernel has completed
   busy      release -> last block's exit
@@ -37,8 +38,9 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--ops", default=",".join(OPS), help="a layer's kernels, in launch order")
+    ap.add_argument("--tail", default="logits,sampling", help="the stamped kernels after the last layer")
     a = ap.parse_args()
-    ops = a.ops.split(",")
+    ops, tail = a.ops.split(","), a.tail.split(",")
     recs = sorted(read(a.trace), key=lambda r: r[1])
     if not recs:
         sys.exit("trace_decode.py: no records (was the binary built with make TRACE=1?)")
@@ -55,7 +57,7 @@ def main():
         cur.append(r)
         last[gid] = t
     steps.append(cur)
-    expected = 1 + len(ops) * a.layers + 2
+    expected = 1 + len(ops) * a.layers + len(tail)
     rows = collections.defaultdict(list)
     names = {}
     used = 0
@@ -75,7 +77,7 @@ def main():
             elif i <= len(ops) * a.layers:
                 name = ops[(i - 1) % len(ops)]
             else:
-                name = ["logits", "sampling"][i - 1 - len(ops) * a.layers]
+                name = tail[i - 1 - len(ops) * a.layers]
             release, last_exit = min(v[1]), max(v[2])
             nxt = min(ks[i + 1][2][1]) if i + 1 < len(ks) else None
             rows[name].append((last_exit - release, (nxt - last_exit) if nxt else None, release - start))
