@@ -114,5 +114,8 @@ typedef struct {
     int (*logits)(GpuState *s, const GpuStep *st, int all_positions, Error *err);
 } BlockOps;
 
+// Buffers carved from one allocation start 256 bytes apart (cudaMalloc's alignment).
+static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
 extern const BlockOps reference_ops;  // ops_reference.cu
 extern const BlockOps fused_ops;      // ops_fused.cu

@@ -1,12 +1,12 @@
 // Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait, x's rows by
 // TMA after it, one wgmma warpgroup with W as the A operand, K split over a cluster's blocks where
-// the tile does not fit; and the residual product that also writes the next LayerNorm's output.
+// the tile does not fit; and the LayerNorms around them (Mode, below).
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
 //   x_tiles  the same slices of x's RB rows x 64 k (RB x 128 bytes each)
 //   partial  K split (ks > 1): its partial sums of the 64 x RB tile, fp32, for the cluster to add
-//   lnsm     LN (the LayerNorm in the residual epilogue): its row statistics, 8 RB floats
+//   lnsm     a mode with a LayerNorm: its row statistics, LNSM_ROW RB floats
 //   barriers one for all of W (before the wait), one per x slice (each thread waits on the slice
 //            it multiplies next, so the MMAs start while later slices are still in flight)
 #include <cuda.h>          // CUtensorMap
@@ -33,26 +33,48 @@ constexpr int W_SLICE = BF * BK * 2;
 constexpr int MAX_SPLIT = 8;    // the most blocks K splits over: the portable cluster size
 constexpr int PSTR = BF + 4;    // a row of partial sums: 64 columns, padded against bank conflicts
 constexpr int MAX_LN_BLOCKS = 16;  // the LayerNorm epilogue's largest cluster (a non-portable size)
+constexpr int LNSM_ROW = 10;       // floats of lnsm a row (the LayerNorm helpers' layout, below)
+
+// What a product does besides y = epilogue(x W^T + b):
+//   ROWS_PLAIN   nothing
+//   ROWS_LN      the attention projection (a residual add, K whole): ln = LayerNorm(y's new rows) *
+//                gamma + beta over the N columns of the cluster's blocks, and each row's mean
+//   ROWS_STATS   the MLP projection (a residual add): what the next qkv needs to fold its LayerNorm
+//                in, ln = bf16(gamma * (y - shift)) with a row's shift near its mean (ROWS_LN's),
+//                and each CW-column slice's mean and M2 (sum of squared deviations) of y's new rows
+//   ROWS_FOLDED  qkv on that ln (bias, fp32): y = rstd (acc - (mean - shift) s) + b', the row's mean
+//                and rstd combined from the slices' pairs
+// The folded form (docs/DESIGN.md): with s_n = sum_k W_nk gamma_k and b' = W beta + b,
+//   W LayerNorm(x) + b = rstd (W (gamma (x - c)) - (mean - c) s) + b'  for any c.
+// c = 0 would round x's mean into every bf16 element of the product's input: a row whose mean is
+// 1000 times its spread would keep no digit of it. Shifted by a value near the mean, the input is
+// as small as the normalised row, and mean - c is small.
+enum Mode { ROWS_PLAIN, ROWS_LN, ROWS_STATS, ROWS_FOLDED };
 
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
 
-// Shared memory of a block for K over ks blocks and RB rows, the alignment slack included; ln: the
-// LayerNorm's row statistics (8 floats a row: below).
+// Shared memory of a block for K over ks blocks and RB rows, the alignment slack included; ln: a
+// mode with a LayerNorm (its row statistics).
 constexpr size_t smem_bytes(int K, int rb, int ks, bool ln = false) {
     const size_t slices = part_slices(K, ks);
     return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
-           (ln ? (size_t)rb * 8 * sizeof(float) : 0) + (1 + slices) * sizeof(uint64_t);
+           (ln ? (size_t)rb * LNSM_ROW * sizeof(float) : 0) + (1 + slices) * sizeof(uint64_t);
 }
 
-// Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type;
-// with the LayerNorm, ln [M, N] (bf16, rows N apart) = LayerNorm(y's new rows) * gamma + beta.
+// Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
+// (ROWS_FOLDED: fp32 b'); the modes' own vectors, [M] by row and [N] by column, fp32:
 struct Out {
     void *y;
     long long ldy;
     const void *bias;
-    const float *gamma, *beta;
-    bf16 *ln;
+    const float *gamma, *beta;  // LN: gamma, beta; STATS: gamma (of the LayerNorm the next product folds)
+    bf16 *ln;                   // LN, STATS: [M, N], rows N apart
+    float *mean;                // LN: each row's mean (NULL: not written)
+    const float *shift;         // STATS, FOLDED: each row's shift
+    float2 *stats;              // STATS writes [M, N / CW], FOLDED reads [M, slices]: (mean, M2)
+    int slices;                 // FOLDED
+    const float *s;             // FOLDED: s_n = sum_k W_nk gamma_k
 };
 
 // ----------------------------------------------------------------------------
@@ -100,15 +122,22 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 #undef SM90_ASM
 
 // ----------------------------------------------------------------------------
-// The LayerNorm of the new rows (LN: the attention projection, whose output fc reads normalised)
+// Row statistics (the modes with a LayerNorm)
 //
-// The cluster's blocks hold all N columns of RB rows, 64 each. Exact two-level statistics: each
-// block takes its mean and M2 = sum (v - mean)^2 over its 64 columns (two passes over registers),
-// and the blocks' pairs combine (Chan et al.: with equal counts, the mean of the means, and
-// M2 = sum M2_b + 64 sum (mean_b - mean)^2). No sum of raw squares, so a row whose mean is large
-// against its spread keeps its variance.
-// Shared memory (8 RB floats): red [4 warps][RB], stats [RB] (mean_b, M2_b: read by the whole
-// cluster), row [RB] (mean, rstd).
+// Exact two-level statistics: each block (or slice of a block) takes its mean and M2 = sum (v -
+// mean)^2 over its columns (two passes over registers), and the pairs combine (Chan et al.: the
+// mean of the means, and M2 = sum M2_b + n_b sum (mean_b - mean)^2). No sum of raw squares, so a
+// row whose mean is large against its spread keeps its variance.
+// Shared memory (LNSM_ROW RB floats): red [4 warps][RB], bmean [RB], stats [RB] (a block's (mean,
+// M2): ROWS_LN's cluster reads them), row [RB] (ROWS_LN: mean, rstd; ROWS_FOLDED: mean - shift, rstd).
+struct LnSmem {
+    float *red, *bmean;
+    float2 *stats, *row;
+    template <int RB> __device__ static LnSmem at(float *lnsm) {
+        return {lnsm, lnsm + 4 * RB, reinterpret_cast<float2 *>(lnsm + 6 * RB), reinterpret_cast<float2 *>(lnsm + 8 * RB)};
+    }
+};
+
 
 // Each of RB rows' sum over the block's 64 columns of v, laid out as the accumulators (v[4 j + e]
 // at row 8 j + 2 (lane % 4) + (e & 1)); thread tid < RB gets row tid's.
@@ -130,25 +159,35 @@ __device__ __forceinline__ float block_row_sum(const float (&v)[RB / 2], float *
     return sum;
 }
 
-// ln's rows r0.. from v (the new rows' values, as above; 0 past M) and gamma, beta at the thread's
-// columns fa, fa + 8. Every thread of the cluster calls it; it ends with the cluster's barrier.
+// Each of RB rows' (mean, M2) over the block's 64 columns of v (laid out as block_row_sum's); thread
+// tid < RB gets row tid's.
 template <int RB>
-__device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const float (&gamma)[2],
-                                               const float (&beta)[2], bf16 *ln, float *lnsm, int r0, int fa, int M,
-                                               int N, int warp, int lane, int tid) {
-    float *red = lnsm;
-    float2 *stats = reinterpret_cast<float2 *>(lnsm + 4 * RB), *row = stats + RB;
-    const float sum = block_row_sum<RB>(v, red, warp, lane, tid);
-    if (tid < RB) row[tid].x = sum / BF;
+__device__ __forceinline__ float2 block_row_stats(const float (&v)[RB / 2], const LnSmem &sm, int warp, int lane,
+                                                  int tid) {
+    const float sum = block_row_sum<RB>(v, sm.red, warp, lane, tid);
+    if (tid < RB) sm.bmean[tid] = sum / BF;
     __syncthreads();
     float d[RB / 2];
 #pragma unroll
     for (int i = 0; i < RB / 2; i++) {
-        const float c = v[i] - row[8 * (i / 4) + 2 * (lane % 4) + (i & 1)].x;
+        const float c = v[i] - sm.bmean[8 * (i / 4) + 2 * (lane % 4) + (i & 1)];
         d[i] = c * c;
     }
-    const float m2 = block_row_sum<RB>(d, red, warp, lane, tid);
-    if (tid < RB) stats[tid] = make_float2(row[tid].x, m2);
+    const float m2 = block_row_sum<RB>(d, sm.red, warp, lane, tid);
+    return make_float2(tid < RB ? sm.bmean[tid] : 0.0f, m2);
+}
+
+// ROWS_LN: ln's rows r0.. from v (the new rows' values, as above; 0 past M) and gamma, beta at the
+// thread's columns fa, fa + 8. The cluster's blocks hold all N columns of RB rows, 64 each. Every
+// thread of the cluster calls it; it ends with the cluster's barrier.
+template <int RB>
+__device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const float (&gamma)[2],
+                                               const float (&beta)[2], const Out &out, float *lnsm, int r0, int fa,
+                                               int M, int N, int warp, int lane, int tid) {
+    const LnSmem sm = LnSmem::at<RB>(lnsm);
+    float2 *stats = sm.stats, *row = sm.row;
+    const float2 own = block_row_stats<RB>(v, sm, warp, lane, tid);
+    if (tid < RB) stats[tid] = own;
     cluster_arrive();  // release: stats are visible to the cluster
     cluster_wait();
     if (tid < RB) {  // each block's pair loaded once, all loads in flight together
@@ -169,6 +208,7 @@ __device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const f
                 M2 += pair[b].y + BF * mb * mb;
             }
         row[tid] = make_float2(mean, rsqrtf(M2 / N + 1e-5f));  // biased variance, as GPT-2's
+        if (out.mean && blockIdx.x == 0 && r0 + tid < M) out.mean[r0 + tid] = mean;
     }
     cluster_arrive();  // this block has read the others' stats
     __syncthreads();
@@ -176,9 +216,97 @@ __device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const f
     for (int i = 0; i < RB / 2; i++) {
         const int lr = 8 * (i / 4) + 2 * (lane % 4) + (i & 1), t = r0 + lr, h = (i >> 1) & 1;
         if (t < M)
-            ln[(size_t)t * N + fa + 8 * h] = from_f32<bf16>((v[i] - row[lr].x) * row[lr].y * gamma[h] + beta[h]);
+            out.ln[(size_t)t * N + fa + 8 * h] = from_f32<bf16>((v[i] - row[lr].x) * row[lr].y * gamma[h] + beta[h]);
     }
     cluster_wait();  // no block leaves while another reads its stats
+}
+
+// ROWS_STATS: each row's (mean, M2) over the CW = 64 / KS columns this block finished, as pair
+// f0 / CW + kp of the row. v: the values as the kernel's fin (0 past M); K split, a row's CW
+// columns are CW adjacent lanes of one warp.
+template <int RB, int KS, int NV>
+__device__ __forceinline__ void slice_stats(const float (&v)[NV], const Out &out, float *lnsm, int r0, int f0, int kp,
+                                            int M, int N, int warp, int lane, int tid) {
+    constexpr int CW = BF / KS;
+    const int slices = N / CW, slice = f0 / CW + kp;
+    if constexpr (KS == 1) {
+        const float2 st = block_row_stats<RB>(v, LnSmem::at<RB>(lnsm), warp, lane, tid);
+        if (tid < RB && r0 + tid < M) out.stats[(size_t)(r0 + tid) * slices + slice] = st;
+    } else {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            float sum = v[i];
+#pragma unroll
+            for (int o = 1; o < CW; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            const float mean = sum / CW;
+            float m2 = (v[i] - mean) * (v[i] - mean);
+#pragma unroll
+            for (int o = 1; o < CW; o *= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, o);
+            const int t = r0 + tid / CW + i * (THREADS / CW);
+            if (tid % CW == 0 && t < M) out.stats[(size_t)t * slices + slice] = make_float2(mean, m2);
+        }
+    }
+}
+
+// ROWS_FOLDED: the block's RB rows' (mean - shift, rstd) from the (mean, M2) pairs of their
+// `slices` equal slices (K columns in all), G adjacent threads a row. A thread loads its share of a
+// row's pairs right after the wait, all in flight at once (fold_load), and merges them once the
+// MMAs are issued (fold_finish): loaded and merged before the MMAs, a few pairs at a time, they
+// cost the product ~2 us at 64 rows (docs/PERF.md, "Session 23"). A row of more than FOLD_PAIRS G
+// slices (GPT-2 medium's and larger at 32-64 rows) reads the rest in fold_finish.
+constexpr int FOLD_PAIRS = 16;
+struct FoldLoad {
+    float2 pair[FOLD_PAIRS];  // pairs g, g + G, ... of the row (0 past slices)
+    float shift;              // the row's (its first thread's)
+};
+
+template <int RB> __device__ __forceinline__ FoldLoad fold_load(const Out &out, int r0, int M, int tid) {
+    constexpr int G = THREADS / RB;
+    const int t = r0 + tid / G, g = tid % G;
+    FoldLoad f;
+#pragma unroll
+    for (int i = 0; i < FOLD_PAIRS; i++) {
+        const int j = g + G * i;
+        f.pair[i] = t < M && j < out.slices ? out.stats[(size_t)t * out.slices + j] : make_float2(0.0f, 0.0f);
+    }
+    f.shift = t < M && g == 0 ? out.shift[t] : 0.0f;
+    return f;
+}
+
+// Two passes, as layernorm_rows: the mean of the slices' means, then M2 = sum M2_j + width
+// sum (mean_j - mean)^2, each summed over the row's G threads in a fixed order.
+template <int RB>
+__device__ __forceinline__ void fold_finish(const Out &out, const FoldLoad &f, float *lnsm, int r0, int M, int K,
+                                            int tid) {
+    constexpr int G = THREADS / RB;
+    const int t = r0 + tid / G, g = tid % G, S = out.slices;
+    const float width = (float)(K / S);
+    const float2 *rest = out.stats + (size_t)t * S;  // pairs past the registers'
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < FOLD_PAIRS; i++) sum += f.pair[i].x;
+    if (t < M)
+        for (int j = g + G * FOLD_PAIRS; j < S; j += G) sum += rest[j].x;
+#pragma unroll
+    for (int o = 1; o < G; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float mean = sum / S;
+    float m2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < FOLD_PAIRS; i++)
+        if (g + G * i < S) {
+            const float d = f.pair[i].x - mean;
+            m2 += f.pair[i].y + width * d * d;
+        }
+    if (t < M)
+        for (int j = g + G * FOLD_PAIRS; j < S; j += G) {
+            const float2 p = rest[j];
+            m2 += p.y + width * (p.x - mean) * (p.x - mean);
+        }
+#pragma unroll
+    for (int o = 1; o < G; o *= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, o);
+    if (g == 0)
+        LnSmem::at<RB>(lnsm).row[tid / G] =
+            t < M ? make_float2(mean - f.shift, rsqrtf(m2 / K + 1e-5f)) : make_float2(0.0f, 0.0f);
 }
 
 // ----------------------------------------------------------------------------
@@ -196,16 +324,19 @@ __device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const f
 // thread tid finishes column f0 + kp CW + tid % CW at rows r0 + tid / CW + (128 / CW) i.
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
-// LN (the residual epilogue, K whole): the N / 64 column blocks of a row block are one cluster,
-// and after the residual add they write ln (layernorm_rows above).
+// ROWS_LN (K whole): the N / 64 column blocks of a row block are one cluster, and after the
+// residual add they write ln (layernorm_rows above). ROWS_STATS and ROWS_FOLDED: Mode.
 
-template <int RB, int EPI, int KS, bool LN>
+template <int RB, int EPI, int KS, Mode MODE>
 __global__ void __launch_bounds__(THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, Out out, int M,
                 int N, int K) {
-    static_assert(!LN || (EPI == MATMUL_LT_BIAS_RESIDUAL && KS == 1), "the LayerNorm follows a residual add");
-    constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL;
+    static_assert(MODE != ROWS_LN || (EPI == MATMUL_LT_BIAS_RESIDUAL && KS == 1), "the LayerNorm follows a residual add");
+    static_assert(MODE != ROWS_STATS || EPI == MATMUL_LT_BIAS_RESIDUAL, "the statistics follow a residual add");
+    static_assert(MODE != ROWS_FOLDED || EPI == MATMUL_LT_BIAS, "the folded LayerNorm feeds a bias epilogue");
+    constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL, ln_out = MODE == ROWS_LN || MODE == ROWS_STATS;
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
+    typedef typename std::conditional<MODE == ROWS_FOLDED, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
@@ -215,8 +346,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int s0 = kp * per, slices = max(0, min(per, (K + BK - 1) / BK - s0));  // this block's slices
     unsigned char *w_tiles = smem, *x_tiles = smem + (size_t)per * W_SLICE;
     float *partial = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
-    float *lnsm = partial + (split ? RB * PSTR : 0);                                      // [8 RB] with LN
-    uint64_t *w_full = reinterpret_cast<uint64_t *>(lnsm + (LN ? 8 * RB : 0)), *x_full = w_full + 1;
+    float *lnsm = partial + (split ? RB * PSTR : 0);  // [LNSM_ROW RB] with a LayerNorm
+    uint64_t *w_full = reinterpret_cast<uint64_t *>(lnsm + (MODE != ROWS_PLAIN ? LNSM_ROW * RB : 0)), *x_full = w_full + 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
@@ -235,15 +366,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         return split ? r0 + tid / CW + i * (THREADS / CW) : r0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
     };
     auto col_of = [&](int i) { return split ? f0 + kp * CW + tid % CW : fa + 8 * ((i >> 1) & 1); };
-    float bias[2] = {0.0f, 0.0f};  // at col_of(0) and col_of(2)
-    if (EPI != MATMUL_LT_NONE)
+    // By column, at col_of(0) and col_of(2) (the same column when K splits):
+    float bias[2] = {0.0f, 0.0f}, gamma[2] = {0.0f, 0.0f}, beta[2] = {0.0f, 0.0f}, fold_s[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            if (col_of(2 * h) < N) bias[h] = to_f32(static_cast<const YT *>(out.bias)[col_of(2 * h)]);
-    float gamma[2] = {0.0f, 0.0f}, beta[2] = {0.0f, 0.0f};
-    if constexpr (LN)
-#pragma unroll
-        for (int h = 0; h < 2; h++) gamma[h] = out.gamma[fa + 8 * h], beta[h] = out.beta[fa + 8 * h];
+    for (int h = 0; h < 2; h++) {
+        const int f = col_of(2 * h);
+        if (f >= N) continue;
+        if (EPI != MATMUL_LT_NONE) bias[h] = to_f32(static_cast<const BT *>(out.bias)[f]);
+        if (ln_out) gamma[h] = out.gamma[f];
+        if (MODE == ROWS_LN) beta[h] = out.beta[f];
+        if (MODE == ROWS_FOLDED) fold_s[h] = out.s[f];
+    }
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
@@ -252,13 +385,17 @@ __global__ void __launch_bounds__(THREADS, 1)
             mbar_arrive_expect_tx(&x_full[s], RB * BK * 2);
             tma_load(x_tiles + (size_t)s * RB * BK * 2, &x_map, (s0 + s) * BK, r0, &x_full[s]);
         }
-    // The residual's old values, read while x lands (after the wait: the previous kernel writes them).
-    float res[NV];
+    // The residual's old values and the rows' shifts, read while x lands (after the wait: earlier
+    // kernels of the step write them); the folded LayerNorm's row statistics.
+    float res[NV], shift[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i);
         res[i] = residual && t < M && f < N ? static_cast<const float *>(out.y)[t * out.ldy + f] : 0.0f;
+        shift[i] = MODE == ROWS_STATS && t < M ? out.shift[t] : 0.0f;
     }
+    FoldLoad fold;
+    if constexpr (MODE == ROWS_FOLDED) fold = fold_load<RB>(out, r0, M, tid);
 
     float acc[J][4];
 #pragma unroll
@@ -275,8 +412,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_commit();
         wgmma_hold(acc);
     }
+    if constexpr (MODE == ROWS_FOLDED) fold_finish<RB>(out, fold, lnsm, r0, M, K, tid);  // under the MMAs
     wgmma_wait<0>();
     wgmma_hold(acc);
+    if constexpr (MODE == ROWS_FOLDED) __syncthreads();  // the rows' statistics are in lnsm
 
     if constexpr (split) {  // this block's partial tile, [row][column], for the cluster to sum
 #pragma unroll
@@ -287,10 +426,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         cluster_arrive();  // release: the partial tiles are visible to the cluster's acquire
         cluster_wait();
     }
-    float fin[NV];  // LN: the new rows' values (0 past M)
+    float fin[NV];  // the new rows' values (0 past M), for the LayerNorms
 #pragma unroll
     for (int i = 0; i < NV; i++) {
-        const int t = row_of(i), f = col_of(i);
+        const int t = row_of(i), f = col_of(i), h = split ? 0 : (i >> 1) & 1;
         fin[i] = 0.0f;
         if (t >= M || f >= N) continue;
         float v = 0.0f;
@@ -301,13 +440,19 @@ __global__ void __launch_bounds__(THREADS, 1)
         } else {
             v = acc[i / 4][i % 4];
         }
-        v += bias[(i >> 1) & 1];
+        if constexpr (MODE == ROWS_FOLDED) {
+            const float2 row = LnSmem::at<RB>(lnsm).row[t - r0];  // (mean - shift, rstd)
+            v = row.y * (v - row.x * fold_s[h]);
+        }
+        v += bias[h];
         if (EPI == MATMUL_LT_BIAS_GELU) v = gelu_tanh(v);
         if (residual) v += res[i];
         static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v);
+        if constexpr (MODE == ROWS_STATS) out.ln[(size_t)t * N + f] = from_f32<bf16>(gamma[h] * (v - shift[i]));
         fin[i] = v;
     }
-    if constexpr (LN) layernorm_rows<RB>(fin, gamma, beta, out.ln, lnsm, r0, fa, M, N, warp, lane, tid);
+    if constexpr (MODE == ROWS_LN) layernorm_rows<RB>(fin, gamma, beta, out, lnsm, r0, fa, M, N, warp, lane, tid);
+    if constexpr (MODE == ROWS_STATS) slice_stats<RB, KS>(fin, out, lnsm, r0, f0, kp, M, N, warp, lane, tid);
     if constexpr (split) {  // no block leaves while the others read its partial tile
         cluster_arrive();
         cluster_wait();
@@ -346,48 +491,48 @@ bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, int box_rows) 
 }
 
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far), and, with
-// the LayerNorm, clusters past the portable 8 blocks.
-template <int RB, int EPI, int KS, bool LN> cudaError_t allow(size_t smem) {
+// ROWS_LN, clusters past the portable 8 blocks.
+template <int RB, int EPI, int KS, Mode MODE> cudaError_t allow(size_t smem) {
     static size_t smem_set;
     if (smem <= smem_set) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
-    if (e == cudaSuccess && LN)
-        e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e == cudaSuccess && MODE == ROWS_LN)
+        e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, MODE>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e == cudaSuccess) smem_set = smem;
     return e;
 }
 
-template <int RB, int EPI, int KS, bool LN = false>
+template <int RB, int EPI, int KS, Mode MODE = ROWS_PLAIN>
 cudaError_t launch(const Out &out, const void *x, const void *W, int M, int N, int K, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
     if (!tensor_map(&x_map, x, M, K, RB) || !tensor_map(&w_map, W, N, K, BF)) return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(K, RB, KS, LN);
-    const cudaError_t e = allow<RB, EPI, KS, LN>(smem);
+    const size_t smem = smem_bytes(K, RB, KS, MODE != ROWS_PLAIN);
+    const cudaError_t e = allow<RB, EPI, KS, MODE>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((N + BF - 1) / BF * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN>, grid, dim3(THREADS), smem, LN ? grid.x : KS, stream,
-                              x_map, w_map, out, M, N, K);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, MODE>, grid, dim3(THREADS), smem,
+                              MODE == ROWS_LN ? grid.x : KS, stream, x_map, w_map, out, M, N, K);
 }
 
-template <int RB, int EPI>
+template <int RB, int EPI, Mode MODE>
 cudaError_t launch_split(int ks, const Out &out, const void *x, const void *W, int M, int N, int K,
                          cudaStream_t stream) {
     switch (ks) {
-    case 1: return launch<RB, EPI, 1>(out, x, W, M, N, K, stream);
-    case 2: return launch<RB, EPI, 2>(out, x, W, M, N, K, stream);
-    case 4: return launch<RB, EPI, 4>(out, x, W, M, N, K, stream);
-    default: return launch<RB, EPI, 8>(out, x, W, M, N, K, stream);
+    case 1: return launch<RB, EPI, 1, MODE>(out, x, W, M, N, K, stream);
+    case 2: return launch<RB, EPI, 2, MODE>(out, x, W, M, N, K, stream);
+    case 4: return launch<RB, EPI, 4, MODE>(out, x, W, M, N, K, stream);
+    default: return launch<RB, EPI, 8, MODE>(out, x, W, M, N, K, stream);
     }
 }
 
-template <int EPI>
+template <int EPI, Mode MODE = ROWS_PLAIN>
 cudaError_t launch_rows(int rb, int ks, const Out &out, const void *x, const void *W, int M, int N, int K,
                         cudaStream_t stream) {
     switch (rb) {
-    case 16: return launch_split<16, EPI>(ks, out, x, W, M, N, K, stream);
-    case 32: return launch_split<32, EPI>(ks, out, x, W, M, N, K, stream);
-    default: return launch_split<64, EPI>(ks, out, x, W, M, N, K, stream);
+    case 16: return launch_split<16, EPI, MODE>(ks, out, x, W, M, N, K, stream);
+    case 32: return launch_split<32, EPI, MODE>(ks, out, x, W, M, N, K, stream);
+    default: return launch_split<64, EPI, MODE>(ks, out, x, W, M, N, K, stream);
     }
 }
 
@@ -397,8 +542,8 @@ int env_knob(const char *name, int *cache) {
     return *cache;
 }
 
-bool fits(int K, int rb, int ks) {
-    return smem_bytes(K, rb, ks) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
+bool fits(int K, int rb, int ks, bool ln = false) {
+    return smem_bytes(K, rb, ks, ln) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
 }
 
 // The blocks K splits over: the fewest whose part of the W tile fits. Splitting a K that fits whole
@@ -437,8 +582,8 @@ template <int RB> bool ln_cluster_fits(int blocks, int K) {
     if (blocks < 1 || blocks > MAX_LN_BLOCKS) return false;
     if (smem <= yes[blocks]) return true;
     if (no[blocks] && smem >= no[blocks]) return false;
-    const void *kernel = reinterpret_cast<const void *>(rows_kernel<RB, MATMUL_LT_BIAS_RESIDUAL, 1, true>);
-    const bool ok = allow<RB, MATMUL_LT_BIAS_RESIDUAL, 1, true>(smem) == cudaSuccess &&
+    const void *kernel = reinterpret_cast<const void *>(rows_kernel<RB, MATMUL_LT_BIAS_RESIDUAL, 1, ROWS_LN>);
+    const bool ok = allow<RB, MATMUL_LT_BIAS_RESIDUAL, 1, ROWS_LN>(smem) == cudaSuccess &&
                     cluster_fits(kernel, blocks, THREADS, smem);
     (ok ? yes : no)[blocks] = smem;
     return ok;
@@ -447,9 +592,7 @@ template <int RB> bool ln_cluster_fits(int blocks, int K) {
 // The LayerNorm kernel's shapes: N whole 64-column blocks, at most 16 of them (the largest cluster,
 // a non-portable size), K whole in shared memory, and such a cluster fits on the device.
 bool ln_fits(int N, int K, int rb) {
-    if (N % BF || N / BF > MAX_LN_BLOCKS ||
-        smem_bytes(K, rb, 1, true) > (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0))
-        return false;
+    if (N % BF || N / BF > MAX_LN_BLOCKS || !fits(K, rb, 1, true)) return false;
     switch (rb) {
     case 16: return ln_cluster_fits<16>(N / BF, K);
     case 32: return ln_cluster_fits<32>(N / BF, K);
@@ -497,7 +640,8 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
     if (!ks) ks = pick_split(K, rb);
     if (!fits(K, rb, ks)) return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
-    const Out out = {y, ldy, bias, NULL, NULL, NULL};
+    Out out = {};
+    out.y = y, out.ldy = ldy, out.bias = bias;
     switch (epilogue) {
     case MATMUL_LT_NONE: return launch_rows<MATMUL_LT_NONE>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS: return launch_rows<MATMUL_LT_BIAS>(rb, ks, out, x, W, M, N, K, stream);
@@ -519,8 +663,8 @@ extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
 }
 
 extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias,
-                                             const float *gamma, const float *beta, void *ln, int M, int N, int K,
-                                             int rb, cudaStream_t stream) {
+                                             const float *gamma, const float *beta, void *ln, float *mean, int M,
+                                             int N, int K, int rb, cudaStream_t stream) {
     if (M < 0 || N <= 0 || K <= 0 || !y || !x || !W || !bias || !gamma || !beta || !ln ||
         (rb && rb != 16 && rb != 32 && rb != 64))
         return cudaErrorInvalidValue;
@@ -528,10 +672,63 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
     if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 || !ln_fits(N, K, rb))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
-    const Out out = {y, N, bias, gamma, beta, static_cast<bf16 *>(ln)};
+    Out out = {};
+    out.y = y, out.ldy = N, out.bias = bias, out.gamma = gamma, out.beta = beta, out.ln = static_cast<bf16 *>(ln);
+    out.mean = mean;
     switch (rb) {
-    case 16: return launch<16, MATMUL_LT_BIAS_RESIDUAL, 1, true>(out, x, W, M, N, K, stream);
-    case 32: return launch<32, MATMUL_LT_BIAS_RESIDUAL, 1, true>(out, x, W, M, N, K, stream);
-    default: return launch<64, MATMUL_LT_BIAS_RESIDUAL, 1, true>(out, x, W, M, N, K, stream);
+    case 16: return launch<16, MATMUL_LT_BIAS_RESIDUAL, 1, ROWS_LN>(out, x, W, M, N, K, stream);
+    case 32: return launch<32, MATMUL_LT_BIAS_RESIDUAL, 1, ROWS_LN>(out, x, W, M, N, K, stream);
+    default: return launch<64, MATMUL_LT_BIAS_RESIDUAL, 1, ROWS_LN>(out, x, W, M, N, K, stream);
     }
+}
+
+// ----------------------------------------------------------------------------
+// ln1 folded into qkv: the MLP projection's statistics, then qkv's folded epilogue
+
+// The split and rows a block of the MLP projection's statistics mode: as gemm_rows picks them, where
+// the shape takes whole slices (N whole 64-column blocks) and its lnsm fits too; 0 otherwise.
+static bool stats_shape(int M, int N, int K, int *rb, int *ks) {
+    if (!gemm_rows_takes(M, N, K) || N % BF) return false;
+    *rb = pick_rows(M, K), *ks = pick_split(K, *rb);
+    return fits(K, *rb, *ks, true);
+}
+
+extern "C" int gemm_rows_stats_slices(int M, int N, int K) {
+    static int off = -1;  // GPT2_ROWS_LN1=0
+    if (off < 0) off = getenv("GPT2_ROWS_LN1") && strcmp(getenv("GPT2_ROWS_LN1"), "0") == 0;
+    int rb, ks;
+    return !off && stats_shape(M, N, K, &rb, &ks) ? N / (BF / ks) : 0;
+}
+
+extern "C" cudaError_t gemm_rows_residual_stats(float *y, const void *x, const void *W, const float *bias,
+                                                const float *gamma, const float *shift, void *ln, float *stats, int M,
+                                                int N, int K, cudaStream_t stream) {
+    if (M < 0 || N <= 0 || K <= 0 || !y || !x || !W || !bias || !gamma || !shift || !ln || !stats)
+        return cudaErrorInvalidValue;
+    int rb, ks;
+    if (M > 64 || (uintptr_t)x % 16 || (uintptr_t)W % 16 || (uintptr_t)stats % 8 || !stats_shape(M, N, K, &rb, &ks))
+        return cudaErrorNotSupported;
+    if (M == 0) return cudaSuccess;
+    Out out = {};
+    out.y = y, out.ldy = N, out.bias = bias, out.gamma = gamma, out.ln = static_cast<bf16 *>(ln);
+    out.shift = shift, out.stats = reinterpret_cast<float2 *>(stats);
+    return launch_rows<MATMUL_LT_BIAS_RESIDUAL, ROWS_STATS>(rb, ks, out, x, W, M, N, K, stream);
+}
+
+extern "C" cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x, const void *W, const float *s,
+                                           const float *bias, const float *stats, int slices, const float *shift,
+                                           int M, int N, int K, int rb, cudaStream_t stream) {
+    if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !x || !W || !s || !bias || !stats || !shift || slices <= 0 ||
+        K % slices || (rb && rb != 16 && rb != 32 && rb != 64))
+        return cudaErrorInvalidValue;
+    if (!rb) rb = pick_rows(M, K);
+    const int ks = pick_split(K, rb);
+    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
+        (uintptr_t)stats % 8 || !fits(K, rb, ks, true))
+        return cudaErrorNotSupported;
+    if (M == 0) return cudaSuccess;
+    Out out = {};
+    out.y = y, out.ldy = ldy, out.bias = bias, out.shift = shift;
+    out.stats = reinterpret_cast<float2 *>(const_cast<float *>(stats)), out.slices = slices, out.s = s;
+    return launch_rows<MATMUL_LT_BIAS, ROWS_FOLDED>(rb, ks, out, x, W, M, N, K, stream);
 }

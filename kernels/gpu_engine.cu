@@ -110,8 +110,6 @@ static void trace_finish(GpuEngine *g) {
 }
 #endif
 
-static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 // ----------------------------------------------------------------------------
 // Availability
 

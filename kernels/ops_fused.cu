@@ -22,12 +22,15 @@
 // kernels) took thirteen:
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
-//              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache)
+//              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache).
+//              On Hopper at 17-64 rows in bf16, past layer 0, no LayerNorm kernel: qkv folds ln1 in
+//              from what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
 //              at 17-64 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
 //   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
 //              pass follows, matmul_lt.h)
-//   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
+//   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
+//              also writes ln1's shifted input and row statistics (gemm_rows_residual_stats)
 //   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
@@ -105,6 +108,30 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
     return 0;
 }
 
+// The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
+// partials and split counters, then for ln1 folded into qkv (64 rows at most: gemm_rows's) each
+// row's shift and its statistics in slices of at least 8 columns.
+enum { FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
+typedef struct {
+    size_t attention;  // bytes
+    float *shift;      // [FOLD_ROWS]
+    float *stats;      // [FOLD_ROWS, C / FOLD_MIN_SLICE] (mean, M2) pairs
+} FusedWorkspace;
+
+static FusedWorkspace fused_workspace(const GpuState *s) {
+    FusedWorkspace w;
+    w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
+    char *base = (char *)s->workspace;
+    w.shift = base ? (float *)(base + w.attention) : NULL;
+    w.stats = base ? (float *)(base + w.attention + align256(FOLD_ROWS * sizeof(float))) : NULL;
+    return w;
+}
+
+static size_t fused_workspace_bytes(const GpuState *s) {
+    return fused_workspace(s).attention + align256(FOLD_ROWS * sizeof(float)) +
+           (size_t)FOLD_ROWS * (s->C / FOLD_MIN_SLICE) * 2 * sizeof(float);
+}
+
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
 // new keys and values into the cache) where the attention can: bf16 prefill and batched decode of one
 // token a sequence. Elsewhere (fp32 prefill, T = 2..4) qkv_split copies q out and k, v into the cache
@@ -114,8 +141,39 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
            fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
+// The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
+// in bf16 and gemm_rows can (Hopper, 17-64 rows, C a multiple of 64 to 1024): fused_mlp_in then has
+// no LayerNorm kernel to run (docs/PERF.md, "Session 22"). The one place both ops ask.
+static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
+    return s->dtype == DTYPE_BF16 && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
+           st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C) && gemm_rows_ln_takes(st->M, s->C, s->C);
+}
+
+// The slices of ln1's statistics that layer l's mlp_out writes for layer l + 1's qkv to fold ln1 in
+// (gemm_rows.h), or 0 where it does not: bf16 on Hopper at 17-64 rows where attn_out writes ln2
+// (it gives the shift: the row's mean before the MLP's add) and both products go through gemm_rows
+// (docs/PERF.md, "Session 23"). The one place both ops ask.
+static int mlp_out_feeds_ln1(const GpuState *s, const GpuStep *st, int l) {
+    if (l + 1 >= s->L || st->M > FOLD_ROWS || !attn_out_writes_ln2(s, st) ||
+        st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) || !gemm_rows_takes(st->M, 3 * s->C, s->C) ||
+        st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
+        return 0;
+    const int slices = gemm_rows_stats_slices(st->M, s->C, 4 * s->C);
+    return slices <= s->C / FOLD_MIN_SLICE ? slices : 0;
+}
+
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
+    const int slices = l > 0 ? mlp_out_feeds_ln1(s, st, l - 1) : 0;
+    if (slices) {
+        const FusedWorkspace w = fused_workspace(s);
+        CUDA_TRY(gemm_rows_ln_folded(s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkv_s, ly->qkv_b, w.stats, slices,
+                                     w.shift, st->M, 3 * s->C, s->C, 0, s->stream));
+        if (!attention_reads_qkv(s, st))
+            CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
+                               s->NH, s->HS, s->max_seq, s->dtype, s->stream));
+        return 0;
+    }
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M, 3 * s->C,
@@ -132,40 +190,27 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     return 0;
 }
 
-// Flash-decoding partials and split counters, allocated zeroed with the activations (s->workspace).
-static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq);
-}
-
 static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     // In a decode graph the position is read on the device; the host's only bounds it.
     const int pos = st->pos_device ? s->max_seq - st->T : st->pos;
     if (attention_reads_qkv(s, st)) {
         FUSED_TRY(fused_attention_qkv(s->scratch, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos,
-                                      st->pos_device, s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes,
-                                      s->stream));
+                                      st->pos_device, s->NH, s->HS, s->max_seq, s->workspace,
+                                      fused_workspace(s).attention, s->stream));
         return 0;
     }
     FUSED_TRY(fused_attention(s->q, ly->k_cache, ly->v_cache, s->atty, s->dtype, st->B, st->T, pos, st->pos_device,
-                              s->NH, s->HS, s->max_seq, s->workspace, s->workspace_bytes, s->stream));
+                              s->NH, s->HS, s->max_seq, s->workspace, fused_workspace(s).attention, s->stream));
     return 0;
-}
-
-// The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
-// in bf16 and gemm_rows can (Hopper, 17-64 rows, C a multiple of 64 to 1024): fused_mlp_in then has
-// no LayerNorm kernel to run (docs/PERF.md, "Session 22"). The one place both ops ask.
-static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
-    return s->dtype == DTYPE_BF16 && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
-           st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C) && gemm_rows_ln_takes(st->M, s->C, s->C);
 }
 
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (attn_out_writes_ln2(s, st)) {
-        CUDA_TRY(gemm_rows_residual_ln(s->x, s->atty, ly->attprojw, ly->attprojb, ly->ln2w, ly->ln2b, s->ln, st->M,
-                                       s->C, s->C, 0, s->stream));
+        CUDA_TRY(gemm_rows_residual_ln(s->x, s->atty, ly->attprojw, ly->attprojb, ly->ln2w, ly->ln2b, s->ln,
+                                       fused_workspace(s).shift, st->M, s->C, s->C, 0, s->stream));
         return 0;
     }
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
@@ -195,6 +240,12 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
+    if (mlp_out_feeds_ln1(s, st, l)) {  // ln for the next qkv: fc has read this layer's
+        const FusedWorkspace w = fused_workspace(s);
+        CUDA_TRY(gemm_rows_residual_stats(s->x, s->h, ly->fcprojw, ly->fcprojb, s->layers[l + 1].ln1w, w.shift, s->ln,
+                                          w.stats, st->M, s->C, 4 * s->C, s->stream));
+        return 0;
+    }
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C)) {
         if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, ly->fcprojb, st->M, s->C,
                               4 * s->C, NULL, err))

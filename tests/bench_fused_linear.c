@@ -527,8 +527,8 @@ static void enqueue_proj_then_ln(void *p, int set) {
 }
 static void enqueue_proj_ln(void *p, int set) {
     RowsLnBench *b = p;
-    CK(gemm_rows_residual_ln(b->y, b->x[set], b->W[set], b->bias, b->gamma, b->beta, b->ln, b->M, b->C, b->C, 0,
-                             stream));
+    CK(gemm_rows_residual_ln(b->y, b->x[set], b->W[set], b->bias, b->gamma, b->beta, b->ln, NULL, b->M, b->C, b->C,
+                             0, stream));
 }
 
 static void bench_rows_ln(int M) {
@@ -563,6 +563,105 @@ static void bench_rows_ln(int M) {
     free(hv);
     free_sets(b.nsets, b.W, b.x);
     cudaFree(b.bias), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.y), cudaFree(b.ln);
+}
+
+// The MLP projection then the next layer's qkv (C = 768), ln1 between them: gemm_rows, a LayerNorm
+// kernel and gemm_rows, against gemm_rows_residual_stats and gemm_rows_ln_folded (ln1 folded into
+// qkv), validated against each other first (shift 0: the rows' means are near 0 here).
+typedef struct {
+    int M, C, nsets, slices;
+    void **h, **W2, **Wq, **wq_x;  // [nsets] bf16: h [M, 4C], W2 [C, 4C], Wq [3C, C] (wq_x: one unused value)
+    float *b2, *gamma, *beta, *fold_s, *fold_b, *shift, *stats, *y;
+    void *bq, *ln, *q;  // bq bf16 (the plain product's bias), ln bf16 [M, C], q bf16 [M, 3C]
+} RowsLn1Bench;
+
+static void enqueue_ln1_kernel(void *p, int set) {
+    RowsLn1Bench *b = p;
+    const int C = b->C, M = b->M;
+    CK(gemm_rows(MATMUL_LT_BIAS_RESIDUAL, b->y, C, b->h[set], b->W2[set], b->b2, M, C, 4 * C, stream));
+    CK(baseline_layernorm(b->ln, b->y, b->gamma, b->beta, M, C, DTYPE_BF16, stream));
+    CK(gemm_rows(MATMUL_LT_BIAS, b->q, 3 * C, b->ln, b->Wq[set], b->bq, M, 3 * C, C, stream));
+}
+static void enqueue_ln1_stats(void *p, int set) {
+    RowsLn1Bench *b = p;
+    CK(gemm_rows_residual_stats(b->y, b->h[set], b->W2[set], b->b2, b->gamma, b->shift, b->ln, b->stats, b->M, b->C,
+                                4 * b->C, stream));
+}
+static void enqueue_ln1_qkv_folded(void *p, int set) {
+    RowsLn1Bench *b = p;
+    CK(gemm_rows_ln_folded(b->q, 3 * b->C, b->ln, b->Wq[set], b->fold_s, b->fold_b, b->stats, b->slices, b->shift,
+                           b->M, 3 * b->C, b->C, 0, stream));
+}
+static void enqueue_ln1_folded(void *p, int set) {
+    enqueue_ln1_stats(p, set);
+    enqueue_ln1_qkv_folded(p, set);
+}
+// Each product of the two routes alone.
+static void enqueue_ln1_fcproj(void *p, int set) {
+    RowsLn1Bench *b = p;
+    CK(gemm_rows(MATMUL_LT_BIAS_RESIDUAL, b->y, b->C, b->h[set], b->W2[set], b->b2, b->M, b->C, 4 * b->C, stream));
+}
+static void enqueue_ln1_qkv(void *p, int set) {
+    RowsLn1Bench *b = p;
+    CK(gemm_rows(MATMUL_LT_BIAS, b->q, 3 * b->C, b->ln, b->Wq[set], b->bq, b->M, 3 * b->C, b->C, stream));
+}
+
+static void bench_rows_ln1(int M) {
+    const int C = 768, N = 3 * C;
+    RowsLn1Bench b = {.M = M, .C = C, .nsets = nsets_for((size_t)7 * C * C * 2),  // W2 and Wq, bf16
+                      .slices = gemm_rows_stats_slices(M, C, 4 * C)};
+    random_sets(b.nsets, (size_t)4 * C * C, (size_t)M * 4 * C, &b.W2, &b.h);
+    random_sets(b.nsets, (size_t)N * C, 1, &b.Wq, &b.wq_x);
+    float *hv = xmalloc(N * 4), *hg = xmalloc(C * 4), *hbeta = xmalloc(C * 4), *hs = xmalloc(N * 4);
+    for (int n = 0; n < C; n++) hg[n] = 1.0f + 0.2f * frand(), hbeta[n] = 0.1f * frand();
+    b.gamma = upload_w(hg, C, DTYPE_F32), b.beta = upload_w(hbeta, C, DTYPE_F32);
+    for (int n = 0; n < C; n++) hv[n] = 0.1f * frand();
+    b.b2 = upload_w(hv, C, DTYPE_F32);
+    for (int n = 0; n < N; n++) hv[n] = bf16_to_float(float_to_bf16(0.1f * frand()));
+    b.bq = upload_w(hv, N, DTYPE_BF16);
+    // s = Wq gamma and b' = Wq beta + bq from set 0's Wq (the timed sets reuse them: same work).
+    float *wq = fetch(b.Wq[0], (size_t)N * C, DTYPE_BF16);
+    for (int n = 0; n < N; n++) {
+        double sg = 0, sb = 0;
+        for (int k = 0; k < C; k++) {
+            const double w = wq[(size_t)n * C + k];
+            sg += w * hg[k], sb += w * hbeta[k];
+        }
+        hs[n] = (float)sg, hv[n] = (float)(sb + hv[n]);
+    }
+    b.fold_s = upload_w(hs, N, DTYPE_F32), b.fold_b = upload_w(hv, N, DTYPE_F32);
+    CK(cudaMalloc((void **)&b.shift, (size_t)M * 4));
+    CK(cudaMemsetAsync(b.shift, 0, (size_t)M * 4, stream));
+    CK(cudaMalloc((void **)&b.stats, (size_t)M * (b.slices ? b.slices : 1) * 8));
+    CK(cudaMalloc((void **)&b.y, (size_t)M * C * 4));
+    CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
+    CK(cudaMalloc(&b.q, (size_t)M * N * 2));
+    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
+    enqueue_ln1_kernel(&b, 0);
+    float *ref = fetch(b.q, (size_t)M * N, DTYPE_BF16);
+    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
+    enqueue_ln1_folded(&b, 0);
+    float *out = fetch(b.q, (size_t)M * N, DTYPE_BF16);
+    const double e = rel_l2(out, ref, (size_t)M * N);
+    free(out), free(ref), free(wq);
+    printf("rows fcproj+LN1+qkv M=%-3d | gemm_rows + LayerNorm kernel + gemm_rows", M);
+    if (!(e <= 1e-2)) {
+        printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
+    } else {
+        const Timing t3 = time_it(enqueue_ln1_kernel, &b, b.nsets), t2 = time_it(enqueue_ln1_folded, &b, b.nsets);
+        printf(" %6.2f us | statistics + folded qkv %6.2f (%.2fx)", t3.graph_us, t2.graph_us,
+               t3.graph_us / t2.graph_us);
+        const Timing fp = time_it(enqueue_ln1_fcproj, &b, b.nsets), fs = time_it(enqueue_ln1_stats, &b, b.nsets);
+        const Timing qp = time_it(enqueue_ln1_qkv, &b, b.nsets), qf = time_it(enqueue_ln1_qkv_folded, &b, b.nsets);
+        printf(" | alone: fcproj %.2f, with statistics %.2f; qkv %.2f, folded %.2f\n", fp.graph_us, fs.graph_us,
+               qp.graph_us, qf.graph_us);
+    }
+    fflush(stdout);
+    free(hv), free(hg), free(hbeta), free(hs);
+    free_sets(b.nsets, b.W2, b.h);
+    free_sets(b.nsets, b.Wq, b.wq_x);
+    cudaFree(b.b2), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.fold_s), cudaFree(b.fold_b), cudaFree(b.shift);
+    cudaFree(b.stats), cudaFree(b.y), cudaFree(b.bq), cudaFree(b.ln), cudaFree(b.q);
 }
 
 int main(int argc, char **argv) {
@@ -640,6 +739,7 @@ int main(int argc, char **argv) {
             bench_rows(MATMUL_LT_BIAS_RESIDUAL, 3072, 768, Mr[mi]);
             bench_rows(MATMUL_LT_NONE, 768, 50304, Mr[mi]);  // the logits (wte padded to 64 rows)
             if (gemm_rows_ln_takes(Mr[mi], 768, 768)) bench_rows_ln(Mr[mi]);
+            if (gemm_rows_stats_slices(Mr[mi], 768, 3072)) bench_rows_ln1(Mr[mi]);
         }
         return 0;
     }

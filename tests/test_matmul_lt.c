@@ -592,7 +592,7 @@ static void test_rows(void) {
 
 // gemm_rows_residual_ln (the attention projection with LN2 in its epilogue) against the unfused
 // residual add and a plain LayerNorm kernel (unfused_baseline.h: two-pass, one warp a row) on its
-// result: every row tile, clusters of 1, 2, 12 and 16 column blocks, rows past M, and residual rows
+// result, and its row means against double-precision means of its own rows: every row tile, clusters of 1, 2, 12 and 16 column blocks, rows past M, and residual rows
 // whose mean is 1000 times their spread (where an fp32 one-pass variance, E[x^2] - mean^2, would
 // lose ~4% of it: past the 1e-2 allowed) or that carry one channel of 500 (GPT-2's residual stream
 // has such channels).
@@ -614,12 +614,12 @@ static void test_rows_ln(void) {
             test_skip(name, "the device places no cluster of N / 64 such blocks");
             continue;
         }
-        void *bb[10];
+        void *bb[11];
         uint16_t *x = dev_buf((size_t)M * K * 2, 0, &bb[0]), *W = dev_buf((size_t)N * K * 2, 0, &bb[1]);
         float *bias = dev_buf(N * 4, 0, &bb[2]), *gamma = dev_buf(N * 4, 0, &bb[3]), *beta = dev_buf(N * 4, 0, &bb[4]);
         float *y = dev_buf((size_t)M * N * 4, 0, &bb[5]), *y_ref = dev_buf((size_t)M * N * 4, 0, &bb[6]);
         uint16_t *ln = dev_buf((size_t)M * N * 2, 0, &bb[7]), *ln_ref = dev_buf((size_t)M * N * 2, 0, &bb[8]);
-        float *scratch = dev_buf((size_t)M * N * 4, 0, &bb[9]);
+        float *scratch = dev_buf((size_t)M * N * 4, 0, &bb[9]), *mean = dev_buf((size_t)M * 4, 0, &bb[10]);
         float *h = xmalloc((size_t)(M > N ? M : N) * (K > N ? K : N) * 4), *r0 = xmalloc((size_t)M * N * 4);
         fill(h, (size_t)M * K, 1.0), upload(x, h, (size_t)M * K, DTYPE_BF16);
         fill(h, (size_t)N * K, 1.7 / sqrt((double)K)), upload(W, h, (size_t)N * K, DTYPE_BF16);
@@ -636,16 +636,28 @@ static void test_rows_ln(void) {
         }
         upload(y, r0, (size_t)M * N, DTYPE_F32), upload(y_ref, r0, (size_t)M * N, DTYPE_F32);
         cuda_ok(cudaMemsetAsync(ln, 0xff, (size_t)M * N * 2, stream), "poison");
+        cuda_ok(cudaMemsetAsync(mean, 0xff, (size_t)M * 4, stream), "poison");
         const cublasStatus_t st =
             matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, y_ref, x, W, DTYPE_BF16, bias, M, N, K, scratch, stream);
         const cudaError_t el = (cudaError_t)baseline_layernorm(ln_ref, y_ref, gamma, beta, M, N, DTYPE_BF16, stream);
-        const cudaError_t e = gemm_rows_residual_ln(y, x, W, bias, gamma, beta, ln, M, N, K, rb, stream);
+        const cudaError_t e = gemm_rows_residual_ln(y, x, W, bias, gamma, beta, ln, mean, M, N, K, rb, stream);
         cuda_ok(cudaStreamSynchronize(stream), name);
         if (st != CUBLAS_STATUS_SUCCESS || el != cudaSuccess || e != cudaSuccess) {
             CHECK(0, name, "unfused %s, LayerNorm %s, gemm_rows_residual_ln %s", cublasGetStatusName(st),
                   cudaGetErrorString(el), cudaGetErrorString(e));
         } else {
             float *got = download(y, (size_t)M * N, DTYPE_F32), *want = download(y_ref, (size_t)M * N, DTYPE_F32);
+            // Each row's mean against a double-precision mean of the kernel's own row.
+            float *row_mean = download(mean, M, DTYPE_F32);
+            double mean_err = 0;
+            for (int t = 0; t < M; t++) {
+                double sum = 0;
+                for (int f = 0; f < N; f++) sum += got[(size_t)t * N + f];
+                const double e_t =
+                    isfinite(row_mean[t]) ? fabs(row_mean[t] - sum / N) / (fabs(sum / N) + 1.0) : INFINITY;
+                if (e_t > mean_err) mean_err = e_t;
+            }
+            free(row_mean);
             for (size_t i = 0; i < (size_t)M * N; i++) got[i] -= r0[i], want[i] -= r0[i];  // what was added
             const Cmp cy = compare(got, want, (size_t)M * N);
             free(got), free(want);
@@ -656,25 +668,168 @@ static void test_rows_ln(void) {
             // bf16 rounding each side of values a few units large, after fp32 statistics.
             const double tol_y = rows == 1 ? 2e-2 : 1e-2;
             CHECK(cy.unwritten == 0 && cy.rel_l2 <= tol_y && cl.unwritten == 0 && cl.rel_l2 <= 1e-2 &&
-                      cl.max_rel <= 0.1,
-                  name, "sum rel_l2 %.3g (tol %.0e), ln unwritten %lld rel_l2 %.3g max_rel %.3g", cy.rel_l2, tol_y,
-                  cl.unwritten, cl.rel_l2, cl.max_rel);
+                      cl.max_rel <= 0.1 && mean_err <= 1e-5,
+                  name, "sum rel_l2 %.3g (tol %.0e), ln unwritten %lld rel_l2 %.3g max_rel %.3g, mean err %.3g",
+                  cy.rel_l2, tol_y, cl.unwritten, cl.rel_l2, cl.max_rel, mean_err);
         }
         free(h), free(r0);
-        for (int i = 0; i < 10; i++) cudaFree(bb[i]);
+        for (int i = 0; i < 11; i++) cudaFree(bb[i]);
     }
     // What it refuses: N not whole 64-column blocks, more than 16 of them (the largest cluster), a K
     // whose W tile does not fit whole; nothing is launched.
     void *base;
     float *d = dev_buf(1 << 22, 0, &base);
     const cudaError_t e[3] = {
-        gemm_rows_residual_ln(d, d, d, d, d, d, d, 8, 100, 64, 0, stream),
-        gemm_rows_residual_ln(d, d, d, d, d, d, d, 8, 1088, 64, 0, stream),
-        gemm_rows_residual_ln(d, d, d, d, d, d, d, 8, 768, 3072, 0, stream),
+        gemm_rows_residual_ln(d, d, d, d, d, d, d, NULL, 8, 100, 64, 0, stream),
+        gemm_rows_residual_ln(d, d, d, d, d, d, d, NULL, 8, 1088, 64, 0, stream),
+        gemm_rows_residual_ln(d, d, d, d, d, d, d, NULL, 8, 768, 3072, 0, stream),
     };
     CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
               !gemm_rows_ln_takes(8, 1088, 64) && gemm_rows_ln_takes(64, 768, 768),
           "gemm_rows_residual_ln refuses what it cannot run", "got %d %d %d", e[0], e[1], e[2]);
+    cudaFree(base);
+}
+
+// gemm_rows_residual_stats then gemm_rows_ln_folded (the MLP projection, then the next layer's qkv
+// with ln1 folded in) against the unfused residual add, a plain LayerNorm kernel on its result and
+// the product with the bias. Checked: the sum (as test_rows_ln's); ln, bit for bit, as
+// bf16(gamma (y - shift)) of the kernel's own y; every slice's (mean, M2) against a double-precision
+// two-pass over the kernel's y; qkv's output. Residual rows plain (shift 0: the algebra holds for any
+// shift), of mean 1000 and spread ~1 (shift: each row's mean before the add, as the engine's), and
+// with a channel of 500; K whole (slices of 64 columns) and split over 2, 4 and 8 blocks (32, 16 and
+// 8), one row tile of the folded product forced.
+static void test_rows_ln1_fold(void) {
+    static const struct {
+        int M, C, H, rb, rows;  // rows as test_rows_ln's; H: the MLP projection's K
+    } cases[] = {
+        {64, 768, 3072, 0, 0}, {48, 768, 3072, 0, 1}, {17, 768, 3072, 16, 2}, {33, 768, 3072, 64, 1},
+        {24, 128, 512, 0, 2},  {40, 256, 1536, 0, 1}, {20, 192, 1536, 32, 0}, {64, 1024, 4096, 0, 1},
+        {5, 64, 256, 0, 1},    {1, 768, 3072, 0, 2},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const int M = cases[ci].M, C = cases[ci].C, H = cases[ci].H, N = 3 * C, rows = cases[ci].rows;
+        if (small && ci % 3) continue;
+        const int slices = gemm_rows_stats_slices(M, C, H), width = slices ? C / slices : 0;
+        char name[200];
+        snprintf(name, sizeof(name), "gemm_rows ln1 folded M=%d C=%d K=%d: %d slices, qkv rb %d%s", M, C, H, slices,
+                 cases[ci].rb, rows == 1 ? ", rows of mean 1000" : rows == 2 ? ", a channel of 500" : "");
+        if (!slices) {
+            CHECK(0, name, "gemm_rows_stats_slices refuses a shape it must take");
+            continue;
+        }
+        void *bb[18];
+        uint16_t *h = dev_buf((size_t)M * H * 2, 0, &bb[0]), *W2 = dev_buf((size_t)C * H * 2, 0, &bb[1]);
+        uint16_t *Wq = dev_buf((size_t)N * C * 2, 0, &bb[2]), *ln = dev_buf((size_t)M * C * 2, 0, &bb[3]);
+        uint16_t *ln_ref = dev_buf((size_t)M * C * 2, 0, &bb[4]), *q = dev_buf((size_t)M * N * 2, 0, &bb[5]);
+        uint16_t *q_ref = dev_buf((size_t)M * N * 2, 0, &bb[6]);
+        float *b2 = dev_buf(C * 4, 0, &bb[7]), *gamma = dev_buf(C * 4, 0, &bb[8]), *beta = dev_buf(C * 4, 0, &bb[9]);
+        float *bq = dev_buf(N * 4, 0, &bb[10]), *fold_s = dev_buf(N * 4, 0, &bb[11]);
+        float *fold_b = dev_buf(N * 4, 0, &bb[12]), *shift = dev_buf((size_t)M * 4, 0, &bb[13]);
+        float *y = dev_buf((size_t)M * C * 4, 0, &bb[14]), *y_ref = dev_buf((size_t)M * C * 4, 0, &bb[15]);
+        float *stats = dev_buf((size_t)M * slices * 8, 0, &bb[16]);
+        float *scratch = dev_buf((size_t)M * N * 4, 0, &bb[17]);
+
+        // Inputs; the folded vectors in double from Wq's bf16 values, as ln_fold.cu makes them.
+        const size_t most = (size_t)(N > M ? N : M) * (H > C ? H : C);
+        float *hh = xmalloc(most * 4), *hg = xmalloc(C * 4), *hbeta = xmalloc(C * 4), *hbq = xmalloc(N * 4);
+        float *r0 = xmalloc((size_t)M * C * 4), *hshift = xmalloc((size_t)M * 4);
+        fill(hh, (size_t)M * H, 1.0), upload(h, hh, (size_t)M * H, DTYPE_BF16);
+        fill(hh, (size_t)C * H, 1.7 / sqrt((double)H)), upload(W2, hh, (size_t)C * H, DTYPE_BF16);
+        fill(hh, C, 0.1), upload(b2, hh, C, DTYPE_F32);
+        fill(hg, C, 0.5);
+        for (int k = 0; k < C; k++) hg[k] += 1.0f;  // gamma in [0.5, 1.5)
+        upload(gamma, hg, C, DTYPE_F32);
+        fill(hbeta, C, 0.2), upload(beta, hbeta, C, DTYPE_F32);
+        fill(hbq, N, 0.1), upload(bq, hbq, N, DTYPE_F32);
+        fill(hh, (size_t)N * C, 1.7 / sqrt((double)C)), upload(Wq, hh, (size_t)N * C, DTYPE_BF16);
+        float *hs = xmalloc(N * 4), *hb = xmalloc(N * 4);
+        for (int n = 0; n < N; n++) {
+            double sg = 0, sb = 0;
+            for (int k = 0; k < C; k++) {
+                const double w = bf16_to_float(float_to_bf16(hh[(size_t)n * C + k]));
+                sg += w * hg[k], sb += w * hbeta[k];
+            }
+            hs[n] = (float)sg, hb[n] = (float)(sb + hbq[n]);
+        }
+        upload(fold_s, hs, N, DTYPE_F32), upload(fold_b, hb, N, DTYPE_F32);
+        fill(r0, (size_t)M * C, 1.0);
+        for (int t = 0; t < M; t++) {
+            double sum = 0;
+            for (int f = 0; f < C; f++) {
+                float *v = &r0[(size_t)t * C + f];
+                if (rows == 1) *v += 1000.0f;
+                if (rows == 2 && f == (7 * t + 3) % C) *v = 500.0f;
+                sum += *v;
+            }
+            hshift[t] = rows ? (float)(sum / C) : 0.0f;
+        }
+        upload(shift, hshift, M, DTYPE_F32);
+        upload(y, r0, (size_t)M * C, DTYPE_F32), upload(y_ref, r0, (size_t)M * C, DTYPE_F32);
+        cuda_ok(cudaMemsetAsync(ln, 0xff, (size_t)M * C * 2, stream), "poison");
+        cuda_ok(cudaMemsetAsync(stats, 0xff, (size_t)M * slices * 8, stream), "poison");
+        cuda_ok(cudaMemsetAsync(q, 0xff, (size_t)M * N * 2, stream), "poison");
+
+        const cudaError_t e1 = gemm_rows_residual_stats(y, h, W2, b2, gamma, shift, ln, stats, M, C, H, stream);
+        const cudaError_t e2 =
+            gemm_rows_ln_folded(q, N, ln, Wq, fold_s, fold_b, stats, slices, shift, M, N, C, cases[ci].rb, stream);
+        cublasStatus_t st =
+            matmul_lt_unfused(cublas, MATMUL_LT_BIAS_RESIDUAL, y_ref, h, W2, DTYPE_BF16, b2, M, C, H, scratch, stream);
+        const cudaError_t el = (cudaError_t)baseline_layernorm(ln_ref, y_ref, gamma, beta, M, C, DTYPE_BF16, stream);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = matmul_lt_unfused(cublas, MATMUL_LT_BIAS, q_ref, ln_ref, Wq, DTYPE_BF16, bq, M, N, C, scratch, stream);
+        cuda_ok(cudaStreamSynchronize(stream), name);
+        if (e1 != cudaSuccess || e2 != cudaSuccess || st != CUBLAS_STATUS_SUCCESS || el != cudaSuccess) {
+            CHECK(0, name, "stats %s, folded %s, unfused %s, LayerNorm %s", cudaGetErrorString(e1),
+                  cudaGetErrorString(e2), cublasGetStatusName(st), cudaGetErrorString(el));
+        } else {
+            float *got = download(y, (size_t)M * C, DTYPE_F32), *want = download(y_ref, (size_t)M * C, DTYPE_F32);
+            float *got_ln = download(ln, (size_t)M * C, DTYPE_BF16), *got_st = download(stats, (size_t)M * slices * 2, DTYPE_F32);
+            long long ln_wrong = 0, stats_wrong = 0;
+            for (int t = 0; t < M; t++)
+                for (int j = 0; j < slices; j++) {
+                    const float *v = got + (size_t)t * C + (size_t)j * width;
+                    double sum = 0, m2 = 0;
+                    for (int k = 0; k < width; k++) sum += v[k];
+                    const double mean = sum / width;
+                    for (int k = 0; k < width; k++) m2 += (v[k] - mean) * (v[k] - mean);
+                    const float *p = got_st + 2 * ((size_t)t * slices + j);
+                    stats_wrong += !(fabs(p[0] - mean) <= 1e-5 * (fabs(mean) + 1.0) &&
+                                     fabs(p[1] - m2) <= 1e-4 * m2 + 1e-6 * width);
+                    for (int k = 0; k < width; k++) {
+                        const int f = j * width + k;
+                        ln_wrong += got_ln[(size_t)t * C + f] != bf16_to_float(float_to_bf16(hg[f] * (v[k] - hshift[t])));
+                    }
+                }
+            for (size_t i = 0; i < (size_t)M * C; i++) got[i] -= r0[i], want[i] -= r0[i];  // what was added
+            const Cmp cy = compare(got, want, (size_t)M * C);
+            free(got), free(want), free(got_ln), free(got_st);
+            got = download(q, (size_t)M * N, DTYPE_BF16), want = download(q_ref, (size_t)M * N, DTYPE_BF16);
+            const Cmp cq = compare(got, want, (size_t)M * N);
+            free(got), free(want);
+            const double tol_y = rows == 1 ? 2e-2 : 1e-2;
+            CHECK(cy.unwritten == 0 && cy.rel_l2 <= tol_y && ln_wrong == 0 && stats_wrong == 0 && cq.unwritten == 0 &&
+                      cq.rel_l2 <= 1e-2 && cq.max_rel <= 0.1,
+                  name, "sum rel_l2 %.3g (tol %.0e); ln %lld wrong; stats %lld wrong; qkv unwritten %lld rel_l2 %.3g max_rel %.3g",
+                  cy.rel_l2, tol_y, ln_wrong, stats_wrong, cq.unwritten, cq.rel_l2, cq.max_rel);
+        }
+        free(hh), free(hg), free(hbeta), free(hbq), free(r0), free(hshift), free(hs), free(hb);
+        for (int i = 0; i < 18; i++) cudaFree(bb[i]);
+    }
+    // What they refuse: the statistics where N is not whole 64-column blocks or past 64 rows (no
+    // slices), K not a multiple of the slices, a misaligned stats buffer; nothing is launched.
+    void *base;
+    float *d = dev_buf(1 << 22, 0, &base);
+    const cudaError_t e[3] = {
+        gemm_rows_residual_stats(d, d, d, d, d, d, d, d, 8, 100, 256, stream),
+        gemm_rows_ln_folded(d, 96, d, d, d, d, d, 5, d, 8, 96, 64, 0, stream),
+        gemm_rows_ln_folded(d, 96, d, d, d, d, d + 1, 4, d, 8, 96, 64, 0, stream),
+    };
+    CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorInvalidValue && e[2] == cudaErrorNotSupported &&
+              !gemm_rows_stats_slices(8, 100, 256) && !gemm_rows_stats_slices(65, 768, 3072) &&
+              gemm_rows_stats_slices(64, 768, 3072) == 48,
+          "gemm_rows ln1 folded: refuses what it cannot run", "got %d %d %d, slices %d %d %d", e[0], e[1], e[2],
+          gemm_rows_stats_slices(8, 100, 256), gemm_rows_stats_slices(65, 768, 3072),
+          gemm_rows_stats_slices(64, 768, 3072));
     cudaFree(base);
 }
 
@@ -739,7 +894,7 @@ int main(void) {
             test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
     test_tuning();
     test_bad_args();
-    if (gemm_rows_available()) test_rows(), test_rows_ln();
+    if (gemm_rows_available()) test_rows(), test_rows_ln(), test_rows_ln1_fold();
     else test_skip("gemm_rows", "not an sm_90 device with an sm_90a build");
 
     matmul_lt_free(lt);
