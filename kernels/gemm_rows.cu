@@ -331,6 +331,7 @@ template <int RB, int EPI, int KS, Mode MODE>
 __global__ void __launch_bounds__(THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, Out out, int M,
                 int N, int K) {
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     static_assert(MODE != ROWS_LN || (EPI == MATMUL_LT_BIAS_RESIDUAL && KS == 1), "the LayerNorm follows a residual add");
     static_assert(MODE != ROWS_STATS || EPI == MATMUL_LT_BIAS_RESIDUAL, "the statistics follow a residual add");
     static_assert(MODE != ROWS_FOLDED || EPI == MATMUL_LT_BIAS, "the folded LayerNorm feeds a bias epilogue");

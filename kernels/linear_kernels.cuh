@@ -859,6 +859,7 @@ template <int MI, int G>
 __global__ void __launch_bounds__(CL_THREADS, 2)
 cluster_kernel(const float *__restrict__ x, long long ldx, const float *__restrict__ gamma, const bf16 *__restrict__ W,
                int m0, int M, int N, int K, int AS, Epilogue e) {
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int MT = 16 * MI, NT = 8 * G;
     namespace cg = cooperative_groups;
@@ -1207,6 +1208,7 @@ template <int MI, int WM, int WN, bool SPLIT>
 __global__ void __launch_bounds__(SK_THREADS)
 skinny_kernel(const bf16 *__restrict__ x, long long ldx, const bf16 *__restrict__ W, int M, int N, int K, int SB,
               Epilogue e) {
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr int NI = 4, BM = 16 * MI * WM, BN = 32 * WN, WK = sk_wk(WM, BN), PLD = sk_part_ld(BN);
     static_assert(WM * WN * WK * 32 == SK_THREADS, "the warps tile the rows, the columns and the K slice");
     pdl_launch_dependents();
