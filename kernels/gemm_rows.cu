@@ -566,13 +566,15 @@ int pick_split(int K, int rb) {
 // docs/PERF.md, "Session 21" and "Session 22": at 48-64 rows, K whole, 64 a block is within 2% for
 // qkv and fc and 14-20% slower for the projection, 16 a block 1.6x slower for fc; the MLP projection
 // (K = 3072 over 4 blocks) 4.71 / 5.04 us at 48 / 64 rows with 64 a block, 5.18 / 5.42 with 32.
+// With the LayerNorm statistics in its epilogue (stats: per-value work that 64 rows a block
+// doubles) 32 a block ran batched decode 2.5% faster at 48-64 rows ("Session 23").
 // GPT2_ROWS_TILE=16|32|64 forces one.
-int pick_rows(int M, int K) {
+int pick_rows(int M, int K, bool stats = false) {
     static int forced = -1;
     const int rb = env_knob("GPT2_ROWS_TILE", &forced);
     if (rb == 16 || rb == 32 || rb == 64) return rb;
     if (M <= 16) return 16;
-    return M <= 32 || fits(K, 32, 1) ? 32 : 64;
+    return M <= 32 || stats || fits(K, 32, 1) ? 32 : 64;
 }
 
 // 1 when clusters of `blocks` blocks of the LayerNorm kernel with RB rows and K fit on the device
@@ -621,12 +623,15 @@ extern "C" int gemm_rows_available(void) {
 // "Session 22").
 constexpr int ONE_WAVE_PAST = 32;
 
+static bool wave_rule(int M, int N, int rb, int ks) {
+    const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
+    return M <= ONE_WAVE_PAST || blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
+}
+
 extern "C" int gemm_rows_takes(int M, int N, int K) {
     if (!gemm_rows_available() || M < 0 || M > 64 || N <= 0 || K <= 0 || K % 8) return 0;
     const int rb = pick_rows(M, K), ks = pick_split(K, rb);
-    if (!fits(K, rb, ks)) return 0;
-    const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
-    return M <= ONE_WAVE_PAST || blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
+    return fits(K, rb, ks) && wave_rule(M, N, rb, ks);
 }
 
 extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
@@ -686,12 +691,13 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
 // ----------------------------------------------------------------------------
 // ln1 folded into qkv: the MLP projection's statistics, then qkv's folded epilogue
 
-// The split and rows a block of the MLP projection's statistics mode: as gemm_rows picks them, where
-// the shape takes whole slices (N whole 64-column blocks) and its lnsm fits too; 0 otherwise.
+// The rows a block and split of the MLP projection's statistics mode (pick_rows's, for it), where
+// gemm_rows takes the product, the shape takes whole slices (N whole 64-column blocks), its lnsm
+// fits too and its grid keeps the one-wave rule; false otherwise.
 static bool stats_shape(int M, int N, int K, int *rb, int *ks) {
     if (!gemm_rows_takes(M, N, K) || N % BF) return false;
-    *rb = pick_rows(M, K), *ks = pick_split(K, *rb);
-    return fits(K, *rb, *ks, true);
+    *rb = pick_rows(M, K, true), *ks = pick_split(K, *rb);
+    return fits(K, *rb, *ks, true) && wave_rule(M, N, *rb, *ks);
 }
 
 extern "C" int gemm_rows_stats_slices(int M, int N, int K) {

@@ -697,14 +697,15 @@ static void test_rows_ln(void) {
 // two-pass over the kernel's y; qkv's output. Residual rows plain (shift 0: the algebra holds for any
 // shift), of mean 1000 and spread ~1 (shift: each row's mean before the add, as the engine's), and
 // with a channel of 500; K whole (slices of 64 columns) and split over 2, 4 and 8 blocks (32, 16 and
-// 8), one row tile of the folded product forced.
+// 8), one row tile of the folded product forced (at 64 rows a block its threads hold 32 of a row's
+// pairs in registers, at 16 rows 128: 48, 64 and 200 slices read the rest again).
 static void test_rows_ln1_fold(void) {
     static const struct {
         int M, C, H, rb, rows;  // rows as test_rows_ln's; H: the MLP projection's K
     } cases[] = {
         {64, 768, 3072, 0, 0}, {48, 768, 3072, 0, 1}, {17, 768, 3072, 16, 2}, {33, 768, 3072, 64, 1},
-        {24, 128, 512, 0, 2},  {40, 256, 1536, 0, 1}, {20, 192, 1536, 32, 0}, {64, 1024, 4096, 0, 1},
-        {5, 64, 256, 0, 1},    {1, 768, 3072, 0, 2},
+        {24, 128, 512, 0, 2},  {40, 256, 1536, 0, 1}, {20, 192, 1536, 32, 0}, {64, 1024, 4096, 64, 1},
+        {5, 64, 256, 0, 1},    {1, 768, 3072, 0, 2},    {8, 1600, 6400, 0, 2},  // GPT-2 XL: K over 8
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const int M = cases[ci].M, C = cases[ci].C, H = cases[ci].H, N = 3 * C, rows = cases[ci].rows;
