@@ -28,7 +28,7 @@ __device__ __forceinline__ void cluster_arrive() { CLUSTER_ASM("barrier.cluster.
 __device__ __forceinline__ void cluster_wait() { CLUSTER_ASM("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 // The shared::cluster address of `smem` (this block's shared memory) in block `rank` of the cluster,
-// 16-byte and 4-byte stores there and 4-byte and 8-byte loads from there.
+// 16-, 8- and 4-byte stores there and 4-byte loads from there.
 __device__ __forceinline__ uint32_t cluster_map(const void *smem, int rank) {
     uint32_t a = 0;
     CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;"
@@ -43,6 +43,9 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
 }
 __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_cluster(uint32_t addr, float2 v) {
+    CLUSTER_ASM("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
 }
 
 // Host side: true when the device can hold at least one cluster of `blocks` blocks of `kernel` at
@@ -68,12 +71,6 @@ static inline bool cluster_fits(const void *kernel, int blocks, int threads, siz
 __device__ __forceinline__ float ld_cluster(uint32_t addr) {
     float v = 0.0f;
     CLUSTER_ASM("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float2 ld_cluster2(uint32_t addr) {
-    float2 v = make_float2(0.0f, 0.0f);
-    CLUSTER_ASM("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
     return v;
 }
 

@@ -5,8 +5,9 @@
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
 //   x_tiles  the same slices of x's RB rows x 64 k (RB x 128 bytes each)
-//   partial  K split (ks > 1): its partial sums of the 64 x RB tile, fp32, for the cluster to add
-//   lnsm     a mode with a LayerNorm: its row statistics, LNSM_ROW RB floats
+//   inbox    K split (ks > 1): the cluster's partial sums of this block's CW = 64 / ks columns, fp32,
+//            [RB rows][ks ranks x CW columns], each rank's pushed there by that rank
+//   lnsm     a mode with a LayerNorm: its row statistics, lnsm_row(mode) RB floats
 //   barriers one for all of W (before the wait), one per x slice (each thread waits on the slice
 //            it multiplies next, so the MMAs start while later slices are still in flight)
 #include <cuda.h>          // CUtensorMap
@@ -31,9 +32,8 @@ constexpr int BF = 64;          // W rows (output columns) a block: wgmma's M
 constexpr int THREADS = 128;    // one warpgroup
 constexpr int W_SLICE = BF * BK * 2;
 constexpr int MAX_SPLIT = 8;    // the most blocks K splits over: the portable cluster size
-constexpr int PSTR = BF + 4;    // a row of partial sums: 64 columns, padded against bank conflicts
+constexpr int PSTR = BF + 4;    // a row of the inbox: 64 partial sums, padded against bank conflicts
 constexpr int MAX_LN_BLOCKS = 16;  // the LayerNorm epilogue's largest cluster (a non-portable size)
-constexpr int LNSM_ROW = 10;       // floats of lnsm a row (the LayerNorm helpers' layout, below)
 
 // What a product does besides y = epilogue(x W^T + b):
 //   ROWS_PLAIN   nothing
@@ -51,15 +51,17 @@ constexpr int LNSM_ROW = 10;       // floats of lnsm a row (the LayerNorm helper
 // as small as the normalised row, and mean - c is small.
 enum Mode { ROWS_PLAIN, ROWS_LN, ROWS_STATS, ROWS_FOLDED };
 
+// Floats of lnsm a row (LnSmem below): ROWS_LN's also receive every block's statistics.
+constexpr int lnsm_row(Mode mode) { return mode == ROWS_PLAIN ? 0 : mode == ROWS_LN ? 10 + 2 * MAX_LN_BLOCKS : 10; }
+
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
 
-// Shared memory of a block for K over ks blocks and RB rows, the alignment slack included; ln: a
-// mode with a LayerNorm (its row statistics).
-constexpr size_t smem_bytes(int K, int rb, int ks, bool ln = false) {
+// Shared memory of a block for K over ks blocks and RB rows in a mode, the alignment slack included.
+constexpr size_t smem_bytes(int K, int rb, int ks, Mode mode = ROWS_PLAIN) {
     const size_t slices = part_slices(K, ks);
     return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
-           (ln ? (size_t)rb * LNSM_ROW * sizeof(float) : 0) + (1 + slices) * sizeof(uint64_t);
+           (size_t)rb * lnsm_row(mode) * sizeof(float) + (1 + slices) * sizeof(uint64_t);
 }
 
 // Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
@@ -128,13 +130,15 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 // mean)^2 over its columns (two passes over registers), and the pairs combine (Chan et al.: the
 // mean of the means, and M2 = sum M2_b + n_b sum (mean_b - mean)^2). No sum of raw squares, so a
 // row whose mean is large against its spread keeps its variance.
-// Shared memory (LNSM_ROW RB floats): red [4 warps][RB], bmean [RB], stats [RB] (a block's (mean,
-// M2): ROWS_LN's cluster reads them), row [RB] (ROWS_LN: mean, rstd; ROWS_FOLDED: mean - shift, rstd).
+// Shared memory (lnsm_row(mode) RB floats): red [4 warps][RB], bmean [RB], stats [RB] (this block's
+// (mean, M2)), row [RB] (ROWS_LN: mean, rstd; ROWS_FOLDED: mean - shift, rstd), and for ROWS_LN
+// inbox [MAX_LN_BLOCKS][RB] (every block's stats, pushed there by that block).
 struct LnSmem {
     float *red, *bmean;
-    float2 *stats, *row;
+    float2 *stats, *row, *inbox;
     template <int RB> __device__ static LnSmem at(float *lnsm) {
-        return {lnsm, lnsm + 4 * RB, reinterpret_cast<float2 *>(lnsm + 6 * RB), reinterpret_cast<float2 *>(lnsm + 8 * RB)};
+        return {lnsm, lnsm + 4 * RB, reinterpret_cast<float2 *>(lnsm + 6 * RB), reinterpret_cast<float2 *>(lnsm + 8 * RB),
+                reinterpret_cast<float2 *>(lnsm + 10 * RB)};
     }
 };
 
@@ -178,28 +182,31 @@ __device__ __forceinline__ float2 block_row_stats(const float (&v)[RB / 2], cons
 }
 
 // ROWS_LN: ln's rows r0.. from v (the new rows' values, as above; 0 past M) and gamma, beta at the
-// thread's columns fa, fa + 8. The cluster's blocks hold all N columns of RB rows, 64 each. Every
-// thread of the cluster calls it; it ends with the cluster's barrier.
+// thread's columns fa, fa + 8. The cluster's blocks hold all N columns of RB rows, 64 each. Each
+// block pushes its rows' (mean, M2) into every block's inbox (the kernel's "started" barrier phase
+// has completed), then one cluster barrier, and each block merges the pairs from its own shared
+// memory: no block reads another's, so none waits for the others before it leaves.
 template <int RB>
 __device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const float (&gamma)[2],
                                                const float (&beta)[2], const Out &out, float *lnsm, int r0, int fa,
                                                int M, int N, int warp, int lane, int tid) {
     const LnSmem sm = LnSmem::at<RB>(lnsm);
-    float2 *stats = sm.stats, *row = sm.row;
+    const int blocks = N / BF, rank = blockIdx.x;  // the cluster spans grid.x
     const float2 own = block_row_stats<RB>(v, sm, warp, lane, tid);
-    if (tid < RB) stats[tid] = own;
-    cluster_arrive();  // release: stats are visible to the cluster
+    if (tid < RB) sm.stats[tid] = own;
+    __syncthreads();
+    for (int i = tid; i < blocks * RB; i += THREADS) {  // pair (rank, row i % RB) into block i / RB
+        const int to = i / RB, r = i % RB;
+        st_cluster(cluster_map(&sm.inbox[rank * RB + r], to), sm.stats[r]);
+    }
+    cluster_arrive();  // release: the pushes are visible after the wait
     cluster_wait();
-    if (tid < RB) {  // each block's pair loaded once, all loads in flight together
-        const int blocks = N / BF;  // the cluster's
+    if (tid < RB) {
         float2 pair[MAX_LN_BLOCKS];
         float mean = 0.0f, M2 = 0.0f;
 #pragma unroll
         for (int b = 0; b < MAX_LN_BLOCKS; b++)
-            if (b < blocks) pair[b] = ld_cluster2(cluster_map(&stats[tid], b));
-#pragma unroll
-        for (int b = 0; b < MAX_LN_BLOCKS; b++)
-            if (b < blocks) mean += pair[b].x;
+            if (b < blocks) pair[b] = sm.inbox[b * RB + tid], mean += pair[b].x;
         mean /= blocks;
 #pragma unroll
         for (int b = 0; b < MAX_LN_BLOCKS; b++)
@@ -207,18 +214,17 @@ __device__ __forceinline__ void layernorm_rows(const float (&v)[RB / 2], const f
                 const float mb = pair[b].x - mean;
                 M2 += pair[b].y + BF * mb * mb;
             }
-        row[tid] = make_float2(mean, rsqrtf(M2 / N + 1e-5f));  // biased variance, as GPT-2's
-        if (out.mean && blockIdx.x == 0 && r0 + tid < M) out.mean[r0 + tid] = mean;
+        sm.row[tid] = make_float2(mean, rsqrtf(M2 / N + 1e-5f));  // biased variance, as GPT-2's
+        if (out.mean && rank == 0 && r0 + tid < M) out.mean[r0 + tid] = mean;
     }
-    cluster_arrive();  // this block has read the others' stats
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < RB / 2; i++) {
         const int lr = 8 * (i / 4) + 2 * (lane % 4) + (i & 1), t = r0 + lr, h = (i >> 1) & 1;
         if (t < M)
-            out.ln[(size_t)t * N + fa + 8 * h] = from_f32<bf16>((v[i] - row[lr].x) * row[lr].y * gamma[h] + beta[h]);
+            out.ln[(size_t)t * N + fa + 8 * h] =
+                from_f32<bf16>((v[i] - sm.row[lr].x) * sm.row[lr].y * gamma[h] + beta[h]);
     }
-    cluster_wait();  // no block leaves while another reads its stats
 }
 
 // ROWS_STATS: each row's (mean, M2) over the CW = 64 / KS columns this block finished, as pair
@@ -318,10 +324,15 @@ __device__ __forceinline__ void fold_finish(const Out &out, const FoldLoad &f, f
 // columns fa = f0 + 16 warp + lane / 4 and fa + 8, rows t = r0 + 8 j + 2 (lane % 4) and t + 1:
 // acc[j] = {(fa, t), (fa, t+1), (fa+8, t), (fa+8, t+1)}.
 //
-// With K whole (KS = 1) a thread finishes the values its accumulators hold. With K split, each block
-// stores its partial tile into its shared memory, and after a cluster barrier block kp sums columns
-// f0 + kp CW.. (CW = 64 / KS) over the cluster's blocks in rank order (the same bits every run):
-// thread tid finishes column f0 + kp CW + tid % CW at rows r0 + tid / CW + (128 / CW) i.
+// With K whole (KS = 1) a thread finishes the values its accumulators hold. With K split, block kp
+// finishes columns f0 + kp CW.. (CW = 64 / KS): every block pushes the part of its partial tile
+// that block q finishes into q's inbox (distributed shared memory), then one cluster barrier, and
+// block kp sums the KS partials of each of its values from its own inbox in rank order (the same
+// bits every run): thread tid finishes column f0 + kp CW + tid % CW at rows r0 + tid / CW +
+// (128 / CW) i. Pushed rather than pulled: with the pulls after the barrier, the loads' round
+// trip sat on the path and a second barrier kept each block alive until the others had read it.
+// A block may only store into another once that one has started: each block arrives (relaxed) on
+// a "started" phase first thing and waits on it before its first remote store.
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 // ROWS_LN (K whole): the N / 64 column blocks of a row block are one cluster, and after the
@@ -346,13 +357,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int per = part_slices(K, KS), kp = blockIdx.x % KS;
     const int s0 = kp * per, slices = max(0, min(per, (K + BK - 1) / BK - s0));  // this block's slices
     unsigned char *w_tiles = smem, *x_tiles = smem + (size_t)per * W_SLICE;
-    float *partial = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
-    float *lnsm = partial + (split ? RB * PSTR : 0);  // [LNSM_ROW RB] with a LayerNorm
-    uint64_t *w_full = reinterpret_cast<uint64_t *>(lnsm + (MODE != ROWS_PLAIN ? LNSM_ROW * RB : 0)), *x_full = w_full + 1;
+    float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
+    float *lnsm = inbox + (split ? RB * PSTR : 0);  // [lnsm_row(MODE) RB]
+    uint64_t *w_full = reinterpret_cast<uint64_t *>(lnsm + lnsm_row(MODE) * RB), *x_full = w_full + 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
     pdl_launch_dependents();
+    constexpr bool clustered = split || MODE == ROWS_LN;
+    if constexpr (clustered) cluster_arrive_relaxed();  // "started": before any block stores into another
     if (tid == 0) {
         mbar_init(w_full, 1);
         for (int s = 0; s < slices; s++) mbar_init(&x_full[s], 1);
@@ -418,13 +431,18 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_hold(acc);
     if constexpr (MODE == ROWS_FOLDED) __syncthreads();  // the rows' statistics are in lnsm
 
-    if constexpr (split) {  // this block's partial tile, [row][column], for the cluster to sum
+    if constexpr (clustered) cluster_wait();  // every block of the cluster has started
+    if constexpr (split) {  // value (row, column c) of this block's partial tile to block c / CW's inbox
 #pragma unroll
         for (int j = 0; j < J; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                partial[(8 * j + 2 * (lane % 4) + (e & 1)) * PSTR + 16 * warp + lane / 4 + 8 * (e >> 1)] = acc[j][e];
-        cluster_arrive();  // release: the partial tiles are visible to the cluster's acquire
+            for (int e = 0; e < 4; e++) {
+                const int c = 16 * warp + lane / 4 + 8 * (e >> 1), q = c / CW;
+                float *to = &inbox[(8 * j + 2 * (lane % 4) + (e & 1)) * PSTR + kp * CW + c % CW];
+                if (q == kp) *to = acc[j][e];
+                else st_cluster(cluster_map(to, q), acc[j][e]);
+            }
+        cluster_arrive();  // release: the pushes are visible after the wait
         cluster_wait();
     }
     float fin[NV];  // the new rows' values (0 past M), for the LayerNorms
@@ -435,9 +453,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (t >= M || f >= N) continue;
         float v = 0.0f;
         if constexpr (split) {
-            const float *p = &partial[(t - r0) * PSTR + f - f0];
+            const float *p = &inbox[(t - r0) * PSTR + f - f0 - kp * CW];  // rank 0's partial of (t, f)
 #pragma unroll
-            for (int r = 0; r < KS; r++) v += ld_cluster(cluster_map(p, r));
+            for (int r = 0; r < KS; r++) v += p[r * CW];
         } else {
             v = acc[i / 4][i % 4];
         }
@@ -454,10 +472,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if constexpr (MODE == ROWS_LN) layernorm_rows<RB>(fin, gamma, beta, out, lnsm, r0, fa, M, N, warp, lane, tid);
     if constexpr (MODE == ROWS_STATS) slice_stats<RB, KS>(fin, out, lnsm, r0, f0, kp, M, N, warp, lane, tid);
-    if constexpr (split) {  // no block leaves while the others read its partial tile
-        cluster_arrive();
-        cluster_wait();
-    }
 }
 
 // ----------------------------------------------------------------------------
@@ -508,7 +522,7 @@ template <int RB, int EPI, int KS, Mode MODE = ROWS_PLAIN>
 cudaError_t launch(const Out &out, const void *x, const void *W, int M, int N, int K, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
     if (!tensor_map(&x_map, x, M, K, RB) || !tensor_map(&w_map, W, N, K, BF)) return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(K, RB, KS, MODE != ROWS_PLAIN);
+    const size_t smem = smem_bytes(K, RB, KS, MODE);
     const cudaError_t e = allow<RB, EPI, KS, MODE>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((N + BF - 1) / BF * KS, (M + RB - 1) / RB);
@@ -543,8 +557,8 @@ int env_knob(const char *name, int *cache) {
     return *cache;
 }
 
-bool fits(int K, int rb, int ks, bool ln = false) {
-    return smem_bytes(K, rb, ks, ln) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
+bool fits(int K, int rb, int ks, Mode mode = ROWS_PLAIN) {
+    return smem_bytes(K, rb, ks, mode) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
 }
 
 // The blocks K splits over: the fewest whose part of the W tile fits. Splitting a K that fits whole
@@ -581,7 +595,7 @@ int pick_rows(int M, int K, bool stats = false) {
 // (asked of the driver once per size and shared memory: the engine asks at every product).
 template <int RB> bool ln_cluster_fits(int blocks, int K) {
     static size_t yes[17], no[17];  // [blocks]: the most shared memory seen to fit, the least seen not to
-    const size_t smem = smem_bytes(K, RB, 1, true);
+    const size_t smem = smem_bytes(K, RB, 1, ROWS_LN);
     if (blocks < 1 || blocks > MAX_LN_BLOCKS) return false;
     if (smem <= yes[blocks]) return true;
     if (no[blocks] && smem >= no[blocks]) return false;
@@ -595,7 +609,7 @@ template <int RB> bool ln_cluster_fits(int blocks, int K) {
 // The LayerNorm kernel's shapes: N whole 64-column blocks, at most 16 of them (the largest cluster,
 // a non-portable size), K whole in shared memory, and such a cluster fits on the device.
 bool ln_fits(int N, int K, int rb) {
-    if (N % BF || N / BF > MAX_LN_BLOCKS || !fits(K, rb, 1, true)) return false;
+    if (N % BF || N / BF > MAX_LN_BLOCKS || !fits(K, rb, 1, ROWS_LN)) return false;
     switch (rb) {
     case 16: return ln_cluster_fits<16>(N / BF, K);
     case 32: return ln_cluster_fits<32>(N / BF, K);
@@ -697,7 +711,7 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
 static bool stats_shape(int M, int N, int K, int *rb, int *ks) {
     if (!gemm_rows_takes(M, N, K) || N % BF) return false;
     *rb = pick_rows(M, K, true), *ks = pick_split(K, *rb);
-    return fits(K, *rb, *ks, true) && wave_rule(M, N, *rb, *ks);
+    return fits(K, *rb, *ks, ROWS_STATS) && wave_rule(M, N, *rb, *ks);
 }
 
 extern "C" int gemm_rows_stats_slices(int M, int N, int K) {
@@ -731,7 +745,7 @@ extern "C" cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x
     if (!rb) rb = pick_rows(M, K);
     const int ks = pick_split(K, rb);
     if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
-        (uintptr_t)stats % 8 || !fits(K, rb, ks, true))
+        (uintptr_t)stats % 8 || !fits(K, rb, ks, ROWS_FOLDED))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     Out out = {};
