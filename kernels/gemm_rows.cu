@@ -238,18 +238,24 @@ __device__ __forceinline__ void slice_stats(const float (&v)[NV], const Out &out
     if constexpr (KS == 1) {
         const float2 st = block_row_stats<RB>(v, LnSmem::at<RB>(lnsm), warp, lane, tid);
         if (tid < RB && r0 + tid < M) out.stats[(size_t)(r0 + tid) * slices + slice] = st;
-    } else {
+    } else {  // the NV rows' shuffle trees level by level, so that their latencies overlap
+        float mean[NV], m2[NV];
+#pragma unroll
+        for (int i = 0; i < NV; i++) mean[i] = v[i];
+#pragma unroll
+        for (int o = 1; o < CW; o *= 2)
+#pragma unroll
+            for (int i = 0; i < NV; i++) mean[i] += __shfl_xor_sync(0xffffffffu, mean[i], o);
+#pragma unroll
+        for (int i = 0; i < NV; i++) mean[i] /= CW, m2[i] = (v[i] - mean[i]) * (v[i] - mean[i]);
+#pragma unroll
+        for (int o = 1; o < CW; o *= 2)
+#pragma unroll
+            for (int i = 0; i < NV; i++) m2[i] += __shfl_xor_sync(0xffffffffu, m2[i], o);
 #pragma unroll
         for (int i = 0; i < NV; i++) {
-            float sum = v[i];
-#pragma unroll
-            for (int o = 1; o < CW; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            const float mean = sum / CW;
-            float m2 = (v[i] - mean) * (v[i] - mean);
-#pragma unroll
-            for (int o = 1; o < CW; o *= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, o);
             const int t = r0 + tid / CW + i * (THREADS / CW);
-            if (tid % CW == 0 && t < M) out.stats[(size_t)t * slices + slice] = make_float2(mean, m2);
+            if (tid % CW == 0 && t < M) out.stats[(size_t)t * slices + slice] = make_float2(mean[i], m2[i]);
         }
     }
 }
@@ -258,7 +264,8 @@ __device__ __forceinline__ void slice_stats(const float (&v)[NV], const Out &out
 // `slices` equal slices (K columns in all), G adjacent threads a row. A thread loads its share of a
 // row's pairs right after the wait, all in flight at once (fold_load), and merges them once the
 // MMAs are issued (fold_finish): loaded and merged before the MMAs, a few pairs at a time, they
-// cost the product ~2 us at 64 rows (docs/PERF.md, "Session 23"). A row of more than FOLD_PAIRS G
+// cost the product ~2 us at 64 rows, and merged halfway through the MMAs ~0.6-1 us (docs/PERF.md,
+// "Session 23"). A row of more than FOLD_PAIRS G
 // slices (GPT-2 medium's and larger at 32-64 rows) reads the rest in fold_finish.
 constexpr int FOLD_PAIRS = 16;
 struct FoldLoad {
