@@ -142,7 +142,6 @@ struct LnSmem {
     }
 };
 
-
 // Each of RB rows' sum over the block's 64 columns of v, laid out as the accumulators (v[4 j + e]
 // at row 8 j + 2 (lane % 4) + (e & 1)); thread tid < RB gets row tid's.
 template <int RB>
@@ -265,8 +264,8 @@ __device__ __forceinline__ void slice_stats(const float (&v)[NV], const Out &out
 // row's pairs right after the wait, all in flight at once (fold_load), and merges them once the
 // MMAs are issued (fold_finish): loaded and merged before the MMAs, a few pairs at a time, they
 // cost the product ~2 us at 64 rows, and merged halfway through the MMAs ~0.6-1 us (docs/PERF.md,
-// "Session 23"). A row of more than FOLD_PAIRS G
-// slices (GPT-2 medium's and larger at 32-64 rows) reads the rest in fold_finish.
+// "Session 23"). A row of more than FOLD_PAIRS G slices (GPT-2 XL's 200 at 16 rows a block, or a
+// block of 64 rows) reads the rest in fold_finish.
 constexpr int FOLD_PAIRS = 16;
 struct FoldLoad {
     float2 pair[FOLD_PAIRS];  // pairs g, g + G, ... of the row (0 past slices)
@@ -572,12 +571,12 @@ bool fits(int K, int rb, int ks, Mode mode = ROWS_PLAIN) {
 // only lost (docs/PERF.md, "Session 22": the cluster barrier and the partial tiles' adds cost more
 // than the shorter MMAs save, 0.5-1.5 us at GPT-2's K = 768). GPT2_ROWS_SPLIT=1|2|4|8 forces one
 // where it fits.
-int pick_split(int K, int rb) {
+int pick_split(int K, int rb, Mode mode = ROWS_PLAIN) {
     static int forced = -1;
     const int f = env_knob("GPT2_ROWS_SPLIT", &forced);
-    if ((f == 1 || f == 2 || f == 4 || f == 8) && fits(K, rb, f)) return f;
+    if ((f == 1 || f == 2 || f == 4 || f == 8) && fits(K, rb, f, mode)) return f;
     int ks = 1;
-    while (ks < MAX_SPLIT && !fits(K, rb, ks)) ks *= 2;
+    while (ks < MAX_SPLIT && !fits(K, rb, ks, mode)) ks *= 2;
     return ks;
 }
 
@@ -717,7 +716,7 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
 // fits too and its grid keeps the one-wave rule; false otherwise.
 static bool stats_shape(int M, int N, int K, int *rb, int *ks) {
     if (!gemm_rows_takes(M, N, K) || N % BF) return false;
-    *rb = pick_rows(M, K, true), *ks = pick_split(K, *rb);
+    *rb = pick_rows(M, K, true), *ks = pick_split(K, *rb, ROWS_STATS);
     return fits(K, *rb, *ks, ROWS_STATS) && wave_rule(M, N, *rb, *ks);
 }
 
@@ -750,7 +749,7 @@ extern "C" cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x
         K % slices || (rb && rb != 16 && rb != 32 && rb != 64))
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, K);
-    const int ks = pick_split(K, rb);
+    const int ks = pick_split(K, rb, ROWS_FOLDED);
     if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
         (uintptr_t)stats % 8 || !fits(K, rb, ks, ROWS_FOLDED))
         return cudaErrorNotSupported;
