@@ -23,10 +23,10 @@
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache).
-//              On Hopper at 17-64 rows in bf16, past layer 0, no LayerNorm kernel: qkv folds ln1 in
+//              On Hopper at 2-64 rows in bf16, past layer 0, no LayerNorm kernel: qkv folds ln1 in
 //              from what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
-//              at 17-64 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
+//              at 2-64 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
 //   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
 //              pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
@@ -56,14 +56,17 @@
 // many-row route (the LayerNorm kernel where there is one, then gemm_rows or cuBLASLt:
 // many_rows_product below).
 // bf16 where gemm_rows takes the product (Hopper): 0 for the projections (gemm_rows at every row
-// count), 16 for qkv and fc (the cluster GEMV to 16 rows); elsewhere 32 with the LayerNorm (the
-// cluster GEMV) and without it (the skinny kernel), the logits 4; before sm_90: 4
+// count); for qkv and fc 1 where the projections before them write their LayerNorms (no LayerNorm
+// kernel left in a layer past the first), else 16 (the cluster GEMV to 16 rows); elsewhere 32 with
+// the LayerNorm (the cluster GEMV) and without it (the skinny kernel), the logits 4; before sm_90: 4
 // (fused_linear_rows).
 // Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
 //   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
 //     cuBLASLt: B=1 +8%, B=2-16 +14-19% ("Session 22");
 //   - LayerNorm + gemm_rows for qkv and fc against the cluster GEMV: B=8 -7%, B=16 -9%, B=24 +9%,
 //     B=32 +12% ("Session 21"; with the projections on gemm_rows, B=8 -8%, B=16 -6%: "Session 22");
+//     with the LayerNorms in the projections' epilogues instead of kernels, B=1 -4%, B=2 +9%,
+//     B=4 +17%, B=8 +15%, B=16 +14% ("Session 23");
 //   - before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm + cuBLASLt: B=8
 //     18,040 vs 15,271, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64 95,609 vs 117,261
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
@@ -77,7 +80,9 @@
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
 // crossover).
-enum { GEMM_ROWS_FROM = 17 };  // the fewest rows gemm_rows takes over from the cluster GEMV (qkv, fc)
+// The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV: with the LayerNorms in the
+// projections' epilogues (gemm_rows_ln_takes for the attention projection's shape), and without.
+enum { GEMM_ROWS_FROM_FOLDED = 2, GEMM_ROWS_FROM = 17 };
 
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
@@ -92,7 +97,8 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     const int rows = fused_linear_rows(s->dtype, op);
     if (op == LINEAR_OP_LOGITS || s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
     if (op == LINEAR_OP_PLAIN) return 0;
-    return M >= GEMM_ROWS_FROM && rows >= GEMM_ROWS_FROM ? GEMM_ROWS_FROM - 1 : rows;
+    const int from = gemm_rows_ln_takes(M, K, K) ? GEMM_ROWS_FROM_FOLDED : GEMM_ROWS_FROM;
+    return M >= from && rows >= from ? from - 1 : rows;
 }
 
 // A product of the many-row route: gemm_rows (bf16, up to 64 rows of a K that fits, on Hopper) where
@@ -142,7 +148,7 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
 }
 
 // The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
-// in bf16 and gemm_rows can (Hopper, 17-64 rows, C a multiple of 64 to 1024): fused_mlp_in then has
+// in bf16 and gemm_rows can (Hopper, 2-64 rows, C a multiple of 64 to 1024): fused_mlp_in then has
 // no LayerNorm kernel to run (docs/PERF.md, "Session 22"). The one place both ops ask.
 static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
     return s->dtype == DTYPE_BF16 && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
@@ -150,7 +156,7 @@ static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
 }
 
 // The slices of ln1's statistics that layer l's mlp_out writes for layer l + 1's qkv to fold ln1 in
-// (gemm_rows.h), or 0 where it does not: bf16 on Hopper at 17-64 rows where attn_out writes ln2
+// (gemm_rows.h), or 0 where it does not: bf16 on Hopper at 2-64 rows where attn_out writes ln2
 // (it gives the shift: the row's mean before the MLP's add) and both products go through gemm_rows
 // (docs/PERF.md, "Session 23"). The one place both ops ask.
 static int mlp_out_feeds_ln1(const GpuState *s, const GpuStep *st, int l) {
