@@ -590,6 +590,21 @@ static void test_rows(void) {
     rows_rb = rows_ks = 0;
 }
 
+// The LayerNorm tests' inputs, fresh each call: gamma in [0.5, 1.5); residual rows [M, N] uniform in
+// +-1 (rows 0), the same plus 1000 (1: a mean 1000 times the spread) or with one channel of 500 (2).
+static void fill_gamma(float *g, int n) {
+    fill(g, n, 0.5);
+    for (int i = 0; i < n; i++) g[i] += 1.0f;
+}
+static void residual_rows(float *r0, int M, int N, int rows) {
+    fill(r0, (size_t)M * N, 1.0);
+    for (int t = 0; t < M; t++) {
+        if (rows == 1)
+            for (int f = 0; f < N; f++) r0[(size_t)t * N + f] += 1000.0f;
+        if (rows == 2) r0[(size_t)t * N + (7 * t + 3) % N] = 500.0f;
+    }
+}
+
 // gemm_rows_residual_ln (the attention projection with LN2 in its epilogue) against the unfused
 // residual add and a plain LayerNorm kernel (unfused_baseline.h: two-pass, one warp a row) on its
 // result, and its row means against double-precision means of its own rows: every row tile, clusters of 1, 2, 12 and 16 column blocks, rows past M, and residual rows
@@ -624,16 +639,9 @@ static void test_rows_ln(void) {
         fill(h, (size_t)M * K, 1.0), upload(x, h, (size_t)M * K, DTYPE_BF16);
         fill(h, (size_t)N * K, 1.7 / sqrt((double)K)), upload(W, h, (size_t)N * K, DTYPE_BF16);
         fill(h, N, 0.1), upload(bias, h, N, DTYPE_F32);
-        fill(h, N, 0.5);
-        for (int i = 0; i < N; i++) h[i] += 1.0f;  // gamma in [0.5, 1.5)
-        upload(gamma, h, N, DTYPE_F32);
+        fill_gamma(h, N), upload(gamma, h, N, DTYPE_F32);
         fill(h, N, 0.2), upload(beta, h, N, DTYPE_F32);
-        fill(r0, (size_t)M * N, 1.0);
-        for (int t = 0; t < M; t++) {
-            if (rows == 1)
-                for (int f = 0; f < N; f++) r0[(size_t)t * N + f] += 1000.0f;
-            if (rows == 2) r0[(size_t)t * N + (7 * t + 3) % N] = 500.0f;
-        }
+        residual_rows(r0, M, N, rows);
         upload(y, r0, (size_t)M * N, DTYPE_F32), upload(y_ref, r0, (size_t)M * N, DTYPE_F32);
         cuda_ok(cudaMemsetAsync(ln, 0xff, (size_t)M * N * 2, stream), "poison");
         cuda_ok(cudaMemsetAsync(mean, 0xff, (size_t)M * 4, stream), "poison");
@@ -737,9 +745,7 @@ static void test_rows_ln1_fold(void) {
         fill(hh, (size_t)M * H, 1.0), upload(h, hh, (size_t)M * H, DTYPE_BF16);
         fill(hh, (size_t)C * H, 1.7 / sqrt((double)H)), upload(W2, hh, (size_t)C * H, DTYPE_BF16);
         fill(hh, C, 0.1), upload(b2, hh, C, DTYPE_F32);
-        fill(hg, C, 0.5);
-        for (int k = 0; k < C; k++) hg[k] += 1.0f;  // gamma in [0.5, 1.5)
-        upload(gamma, hg, C, DTYPE_F32);
+        fill_gamma(hg, C), upload(gamma, hg, C, DTYPE_F32);
         fill(hbeta, C, 0.2), upload(beta, hbeta, C, DTYPE_F32);
         fill(hbq, N, 0.1), upload(bq, hbq, N, DTYPE_F32);
         fill(hh, (size_t)N * C, 1.7 / sqrt((double)C)), upload(Wq, hh, (size_t)N * C, DTYPE_BF16);
@@ -753,15 +759,10 @@ static void test_rows_ln1_fold(void) {
             hs[n] = (float)sg, hb[n] = (float)(sb + hbq[n]);
         }
         upload(fold_s, hs, N, DTYPE_F32), upload(fold_b, hb, N, DTYPE_F32);
-        fill(r0, (size_t)M * C, 1.0);
+        residual_rows(r0, M, C, rows);
         for (int t = 0; t < M; t++) {
             double sum = 0;
-            for (int f = 0; f < C; f++) {
-                float *v = &r0[(size_t)t * C + f];
-                if (rows == 1) *v += 1000.0f;
-                if (rows == 2 && f == (7 * t + 3) % C) *v = 500.0f;
-                sum += *v;
-            }
+            for (int f = 0; f < C; f++) sum += r0[(size_t)t * C + f];
             hshift[t] = rows ? (float)(sum / C) : 0.0f;
         }
         upload(shift, hshift, M, DTYPE_F32);
