@@ -25,6 +25,7 @@ stamps). Per kernel, the median over the decode steps (a prefill has other kerne
             a block that starts after the release loads its weights on the step's path)
 """
 import argparse
+import bisect
 import collections
 import statistics
 import struct
@@ -78,7 +79,7 @@ def main():
     starts = [s0 for s0, gid, _e in launches if gid == first_gid]
     steps = [[] for _ in starts]
     for s0, gid, ev in launches:
-        k = sum(1 for st in starts if st <= s0) - 1
+        k = bisect.bisect_right(starts, s0) - 1
         if k >= 0:
             steps[k].append((s0, gid, ev))
     expected = len(names_in_step)
