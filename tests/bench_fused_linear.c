@@ -510,6 +510,22 @@ static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
     cudaFree(b.bias), cudaFree(b.y);
 }
 
+// How far apart two routes to the same bf16 output out [n] land: each run once on input set 0 from
+// y = 0 (y_bytes: the residual both add into), then rel_l2 between them (the few-row pairs below
+// are validated so before they are timed).
+static double routes_differ(EnqueueFn a, EnqueueFn b, void *ctx, float *y, size_t y_bytes, const void *out, size_t n) {
+    const EnqueueFn route[2] = {a, b};
+    float *got[2];
+    for (int i = 0; i < 2; i++) {
+        CK(cudaMemsetAsync(y, 0, y_bytes, stream));
+        route[i](ctx, 0);
+        got[i] = fetch(out, n, DTYPE_BF16);
+    }
+    const double e = rel_l2(got[1], got[0], n);
+    free(got[0]), free(got[1]);
+    return e;
+}
+
 // The attention projection followed by LN2 (C = 768): gemm_rows then a LayerNorm kernel (the
 // baseline's, as the engine's one warp a row), against gemm_rows_residual_ln (both in one kernel),
 // validated against each other first.
@@ -543,14 +559,8 @@ static void bench_rows_ln(int M) {
     b.gamma = upload_w(hv, C, DTYPE_F32);
     CK(cudaMalloc((void **)&b.y, (size_t)M * C * 4));
     CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
-    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
-    enqueue_proj_then_ln(&b, 0);
-    float *ref = fetch(b.ln, (size_t)M * C, DTYPE_BF16);
-    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
-    enqueue_proj_ln(&b, 0);
-    float *out = fetch(b.ln, (size_t)M * C, DTYPE_BF16);
-    const double e = rel_l2(out, ref, (size_t)M * C);
-    free(out), free(ref);
+    const double e =
+        routes_differ(enqueue_proj_then_ln, enqueue_proj_ln, &b, b.y, (size_t)M * C * 4, b.ln, (size_t)M * C);
     printf("rows proj+LN2    768->768  M=%-3d | gemm_rows + LayerNorm kernel", M);
     if (!(e <= 1e-2)) {
         printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
@@ -636,14 +646,9 @@ static void bench_rows_ln1(int M) {
     CK(cudaMalloc((void **)&b.y, (size_t)M * C * 4));
     CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
     CK(cudaMalloc(&b.q, (size_t)M * N * 2));
-    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
-    enqueue_ln1_kernel(&b, 0);
-    float *ref = fetch(b.q, (size_t)M * N, DTYPE_BF16);
-    CK(cudaMemsetAsync(b.y, 0, (size_t)M * C * 4, stream));
-    enqueue_ln1_folded(&b, 0);
-    float *out = fetch(b.q, (size_t)M * N, DTYPE_BF16);
-    const double e = rel_l2(out, ref, (size_t)M * N);
-    free(out), free(ref), free(wq);
+    const double e =
+        routes_differ(enqueue_ln1_kernel, enqueue_ln1_folded, &b, b.y, (size_t)M * C * 4, b.q, (size_t)M * N);
+    free(wq);
     printf("rows fcproj+LN1+qkv M=%-3d | gemm_rows + LayerNorm kernel + gemm_rows", M);
     if (!(e <= 1e-2)) {
         printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
