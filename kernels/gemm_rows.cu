@@ -10,8 +10,6 @@
 //   lnsm     a mode with a LayerNorm: its row statistics, lnsm_row(mode) RB floats
 //   barriers one for all of W (before the wait), one per x slice (each thread waits on the slice
 //            it multiplies next, so the MMAs start while later slices are still in flight)
-#include <cuda.h>          // CUtensorMap
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +18,11 @@
 #include <type_traits>
 
 #include "cluster.cuh"
+#include "fold_stats.cuh"
 #include "gemm_rows.h"
 #include "kernel_util.h"
 #include "pdl.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -34,6 +34,7 @@ constexpr int W_SLICE = BF * BK * 2;
 constexpr int MAX_SPLIT = 8;    // the most blocks K splits over: the portable cluster size
 constexpr int PSTR = BF + 4;    // a row of the inbox: 64 partial sums, padded against bank conflicts
 constexpr int MAX_LN_BLOCKS = 16;  // the LayerNorm epilogue's largest cluster (a non-portable size)
+constexpr int FOLD_PAIRS = 16;     // ROWS_FOLDED: a thread's slice statistics held in registers (fold_stats.cuh)
 
 // What a product does besides y = epilogue(x W^T + b):
 //   ROWS_PLAIN   nothing
@@ -78,50 +79,6 @@ struct Out {
     int slices;                 // FOLDED
     const float *s;             // FOLDED: s_n = sum_k W_nk gamma_k
 };
-
-// ----------------------------------------------------------------------------
-// mbarriers and TMA (PTX, sm_90a)
-
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define SM90_ASM(...) __trap()
-#else
-#define SM90_ASM(...) asm volatile(__VA_ARGS__)
-#endif
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, int arrivals) {
-    SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
-}
-// Makes the initialised barriers visible to the async proxy (TMA's completions) and to the cluster.
-__device__ __forceinline__ void mbar_fence_init() { SM90_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-
-// This thread's arrival, announcing `bytes` of TMA traffic the phase must also wait for.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-    SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-// Returns once the barrier's first phase (parity 0) has completed.
-__device__ __forceinline__ void mbar_wait0(uint64_t *bar) {
-    uint32_t done = 0;
-    do {
-        SM90_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(smem_addr(bar))
-                 : "memory");
-    } while (!done);
-}
-// The box of `map` at (k, row) into shared memory; its bytes count against `bar`.
-__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int k, int row, uint64_t *bar) {
-    SM90_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-                 "r"(smem_addr(dst)),
-             "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
-             : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
-    SM90_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-#undef SM90_ASM
 
 // ----------------------------------------------------------------------------
 // Row statistics (the modes with a LayerNorm)
@@ -259,68 +216,6 @@ __device__ __forceinline__ void slice_stats(const float (&v)[NV], const Out &out
     }
 }
 
-// ROWS_FOLDED: the block's RB rows' (mean - shift, rstd) from the (mean, M2) pairs of their
-// `slices` equal slices (K columns in all), G adjacent threads a row. A thread loads its share of a
-// row's pairs right after the wait, all in flight at once (fold_load), and merges them once the
-// MMAs are issued (fold_finish): loaded and merged before the MMAs, a few pairs at a time, they
-// cost the product ~2 us at 64 rows, and merged halfway through the MMAs ~0.6-1 us (docs/PERF.md,
-// "Session 23"). A row of more than FOLD_PAIRS G slices (GPT-2 XL's 200 at 16 rows a block, or a
-// block of 64 rows) reads the rest in fold_finish.
-constexpr int FOLD_PAIRS = 16;
-struct FoldLoad {
-    float2 pair[FOLD_PAIRS];  // pairs g, g + G, ... of the row (0 past slices)
-    float shift;              // the row's (its first thread's)
-};
-
-template <int RB> __device__ __forceinline__ FoldLoad fold_load(const Out &out, int r0, int M, int tid) {
-    constexpr int G = THREADS / RB;
-    const int t = r0 + tid / G, g = tid % G;
-    FoldLoad f;
-#pragma unroll
-    for (int i = 0; i < FOLD_PAIRS; i++) {
-        const int j = g + G * i;
-        f.pair[i] = t < M && j < out.slices ? out.stats[(size_t)t * out.slices + j] : make_float2(0.0f, 0.0f);
-    }
-    f.shift = t < M && g == 0 ? out.shift[t] : 0.0f;
-    return f;
-}
-
-// Two passes, as layernorm_rows: the mean of the slices' means, then M2 = sum M2_j + width
-// sum (mean_j - mean)^2, each summed over the row's G threads in a fixed order.
-template <int RB>
-__device__ __forceinline__ void fold_finish(const Out &out, const FoldLoad &f, float *lnsm, int r0, int M, int K,
-                                            int tid) {
-    constexpr int G = THREADS / RB;
-    const int t = r0 + tid / G, g = tid % G, S = out.slices;
-    const float width = (float)(K / S);
-    const float2 *rest = out.stats + (size_t)t * S;  // pairs past the registers'
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < FOLD_PAIRS; i++) sum += f.pair[i].x;
-    if (t < M)
-        for (int j = g + G * FOLD_PAIRS; j < S; j += G) sum += rest[j].x;
-#pragma unroll
-    for (int o = 1; o < G; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float mean = sum / S;
-    float m2 = 0.0f;
-#pragma unroll
-    for (int i = 0; i < FOLD_PAIRS; i++)
-        if (g + G * i < S) {
-            const float d = f.pair[i].x - mean;
-            m2 += f.pair[i].y + width * d * d;
-        }
-    if (t < M)
-        for (int j = g + G * FOLD_PAIRS; j < S; j += G) {
-            const float2 p = rest[j];
-            m2 += p.y + width * (p.x - mean) * (p.x - mean);
-        }
-#pragma unroll
-    for (int o = 1; o < G; o *= 2) m2 += __shfl_xor_sync(0xffffffffu, m2, o);
-    if (g == 0)
-        LnSmem::at<RB>(lnsm).row[tid / G] =
-            t < M ? make_float2(mean - f.shift, rsqrtf(m2 / K + 1e-5f)) : make_float2(0.0f, 0.0f);
-}
-
 // ----------------------------------------------------------------------------
 // The kernel
 //
@@ -414,25 +309,21 @@ __global__ void __launch_bounds__(THREADS, 1)
         res[i] = residual && t < M && f < N ? static_cast<const float *>(out.y)[t * out.ldy + f] : 0.0f;
         shift[i] = MODE == ROWS_STATS && t < M ? out.shift[t] : 0.0f;
     }
-    FoldLoad fold;
-    if constexpr (MODE == ROWS_FOLDED) fold = fold_load<RB>(out, r0, M, tid);
+    const FoldStats fold_stats = {out.stats, out.slices, out.shift};  // ROWS_FOLDED (fold_stats.cuh)
+    FoldLoad<FOLD_PAIRS> fold;
+    if constexpr (MODE == ROWS_FOLDED) fold = fold_load<RB, THREADS, FOLD_PAIRS>(fold_stats, r0, M, tid);
 
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    mbar_wait0(w_full);
+    mbar_wait(w_full, 0);
     for (int s = 0; s < slices; s++) {  // each slice's MMAs a group, issued as the slice lands
-        mbar_wait0(&x_full[s]);
-        const uint64_t wd = wgmma_desc_sw128(w_tiles + (size_t)s * W_SLICE);
-        const uint64_t xd = wgmma_desc_sw128(x_tiles + (size_t)s * RB * BK * 2);
-        wgmma_hold(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) wgmma_ss<RB>(acc, wd + 2 * kk, xd + 2 * kk);  // +32 bytes a k16
-        wgmma_commit();
+        mbar_wait(&x_full[s], 0);
+        wgmma_slice_ss<RB>(acc, w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
         wgmma_hold(acc);
     }
-    if constexpr (MODE == ROWS_FOLDED) fold_finish<RB>(out, fold, lnsm, r0, M, K, tid);  // under the MMAs
+    if constexpr (MODE == ROWS_FOLDED)
+        fold_finish<RB, THREADS, FOLD_PAIRS>(fold_stats, fold, LnSmem::at<RB>(lnsm).row, r0, M, K, tid);  // under the MMAs
     wgmma_wait<0>();
     wgmma_hold(acc);
     if constexpr (MODE == ROWS_FOLDED) __syncthreads();  // the rows' statistics are in lnsm
@@ -483,34 +374,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 // ----------------------------------------------------------------------------
 // Host side: tile choice, tensor maps, launch
 
-// cuTensorMapEncodeTiled from the driver through the runtime (no -lcuda); NULL when unavailable.
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    static bool tried;
-    if (!tried) {
-        tried = true;
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        cudaGetLastError();
-    }
-    return fn;
-}
-
-// A bf16 [rows, K] row-major matrix read in boxes of box_rows x 64 under the 128-byte swizzle
-// (rows and k past the end read as zeros).
-bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, int box_rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
-    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)K * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
-    return encode && encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far), and, with
 // ROWS_LN, clusters past the portable 8 blocks.
 template <int RB, int EPI, int KS, Mode MODE> cudaError_t allow(size_t smem) {
@@ -527,7 +390,7 @@ template <int RB, int EPI, int KS, Mode MODE> cudaError_t allow(size_t smem) {
 template <int RB, int EPI, int KS, Mode MODE = ROWS_PLAIN>
 cudaError_t launch(const Out &out, const void *x, const void *W, int M, int N, int K, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
-    if (!tensor_map(&x_map, x, M, K, RB) || !tensor_map(&w_map, W, N, K, BF)) return cudaErrorInvalidValue;
+    if (!tensor_map(&x_map, x, M, K, K, RB) || !tensor_map(&w_map, W, N, K, K, BF)) return cudaErrorInvalidValue;
     const size_t smem = smem_bytes(K, RB, KS, MODE);
     const cudaError_t e = allow<RB, EPI, KS, MODE>(smem);
     if (e != cudaSuccess) return e;

@@ -31,7 +31,9 @@
 //              pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
 //              also writes ln1's shifted input and row statistics (gemm_rows_residual_stats)
-//   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart
+//   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart:
+//              logits_rows (bf16 on Hopper, to 64 rows), else cuBLASLt; in batched decode where the
+//              last mlp_out wrote lnf's statistics, logits_rows with lnf folded in and no LayerNorm
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -44,6 +46,7 @@
 #include "fused_ln_linear.h"
 #include "gemm_rows.h"
 #include "linear_residual.h"
+#include "logits_rows.h"
 #include "reference_kernels.h"
 
 #define FUSED_TRY(call)                                                                         \
@@ -57,9 +60,9 @@
 // many_rows_product below).
 // bf16 where gemm_rows takes the product (Hopper): 0 for the projections (gemm_rows at every row
 // count); for qkv and fc 1 where the projections before them write their LayerNorms (no LayerNorm
-// kernel left in a layer past the first), else 16 (the cluster GEMV to 16 rows); elsewhere 32 with
-// the LayerNorm (the cluster GEMV) and without it (the skinny kernel), the logits 4; before sm_90: 4
-// (fused_linear_rows).
+// kernel left in a layer past the first), else 16 (the cluster GEMV to 16 rows); the logits 1 where
+// logits_rows takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it (the
+// skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
 // Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
 //   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
 //     cuBLASLt: B=1 +8%, B=2-16 +14-19% ("Session 22");
@@ -72,8 +75,11 @@
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
 //     epilogue: B=8 +10%, B=16 +10%, B=32 +6%, slower at 48 and 64 rows ("Session 10"; since its warps
 //     split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
-// The logits stay on cuBLASLt past 4 rows: gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64
-// ("Session 22").
+// The logits (bf16) go through logits_rows from 2 rows where it takes them (Hopper; kernels/
+// logits_rows.h), with lnf folded in where the last MLP projection writes the statistics: B=2-4
+// +3-4% against the GEMV, B=5-64 +1.4-2.2% against the LayerNorm kernel + cuBLASLt ("Session 24");
+// elsewhere the GEMV to 4 rows, then cuBLASLt (gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64:
+// "Session 22").
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
 // docs/PERF.md, "Fused LayerNorm + Linear").
 // GPT2_FUSED_ROWS=N overrides all three (0: every step through the many-row route),
@@ -83,6 +89,9 @@
 // The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV: with the LayerNorms in the
 // projections' epilogues (gemm_rows_ln_takes for the attention projection's shape), and without.
 enum { GEMM_ROWS_FROM_FOLDED = 2, GEMM_ROWS_FROM = 17 };
+// The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
+// reads wte as fast, and no statistics are written for it).
+enum { LOGITS_ROWS_FROM = 2 };
 
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
@@ -95,7 +104,9 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     }
     if (forced[op] >= 0) return forced[op];
     const int rows = fused_linear_rows(s->dtype, op);
-    if (op == LINEAR_OP_LOGITS || s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
+    if (op == LINEAR_OP_LOGITS)
+        return s->dtype == DTYPE_BF16 && logits_rows_takes(M, K) ? LOGITS_ROWS_FROM - 1 : rows;
+    if (s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
     if (op == LINEAR_OP_PLAIN) return 0;
     const int from = gemm_rows_ln_takes(M, K, K) ? GEMM_ROWS_FROM_FOLDED : GEMM_ROWS_FROM;
     return M >= from && rows >= from ? from - 1 : rows;
@@ -155,14 +166,25 @@ static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
            st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C) && gemm_rows_ln_takes(st->M, s->C, s->C);
 }
 
-// The slices of ln1's statistics that layer l's mlp_out writes for layer l + 1's qkv to fold ln1 in
-// (gemm_rows.h), or 0 where it does not: bf16 on Hopper at 2-64 rows where attn_out writes ln2
-// (it gives the shift: the row's mean before the MLP's add) and both products go through gemm_rows
-// (docs/PERF.md, "Session 23"). The one place both ops ask.
-static int mlp_out_feeds_ln1(const GpuState *s, const GpuStep *st, int l) {
-    if (l + 1 >= s->L || st->M > FOLD_ROWS || !attn_out_writes_ln2(s, st) ||
-        st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) || !gemm_rows_takes(st->M, 3 * s->C, s->C) ||
-        st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
+// The logits of `rows` rows go through logits_rows (bf16 on Hopper, past the GEMV's rows: one
+// persistent kernel streaming wte, docs/PERF.md "Session 24"), else the LayerNorm kernel and cuBLASLt.
+static int logits_take_rows(const GpuState *s, int rows) {
+    return s->dtype == DTYPE_BF16 && rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C) &&
+           logits_rows_takes(rows, s->C);
+}
+
+// The slices of the next LayerNorm's statistics that layer l's mlp_out writes for the product after
+// it to fold that LayerNorm in (gemm_rows.h), or 0 where it does not: bf16 on Hopper at 2-64 rows
+// where attn_out writes ln2 (it gives the shift: the row's mean before the MLP's add) and mlp_out
+// goes through gemm_rows; past layer l, layer l + 1's ln1 into its qkv where that goes through
+// gemm_rows (docs/PERF.md, "Session 23"), after the last layer lnf into the logits where one token a
+// sequence goes through logits_rows ("Session 24"). The one place the ops ask.
+static int mlp_out_feeds_ln(const GpuState *s, const GpuStep *st, int l) {
+    if (st->M > FOLD_ROWS || !attn_out_writes_ln2(s, st) || st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
+        return 0;
+    if (l + 1 < s->L ? st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) ||
+                           !gemm_rows_takes(st->M, 3 * s->C, s->C)
+                     : st->T != 1 || !logits_take_rows(s, st->M))  // T = 1: the logits' rows are x's
         return 0;
     const int slices = gemm_rows_stats_slices(st->M, s->C, 4 * s->C);
     return slices <= s->C / FOLD_MIN_SLICE ? slices : 0;
@@ -170,7 +192,7 @@ static int mlp_out_feeds_ln1(const GpuState *s, const GpuStep *st, int l) {
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    const int slices = l > 0 ? mlp_out_feeds_ln1(s, st, l - 1) : 0;
+    const int slices = l > 0 ? mlp_out_feeds_ln(s, st, l - 1) : 0;
     if (slices) {
         const FusedWorkspace w = fused_workspace(s);
         CUDA_TRY(gemm_rows_ln_folded(s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkv_s, ly->qkv_b, w.stats, slices,
@@ -246,10 +268,11 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (mlp_out_feeds_ln1(s, st, l)) {  // ln for the next qkv: fc has read this layer's
+    if (mlp_out_feeds_ln(s, st, l)) {  // ln for the next qkv or the logits: fc has read this layer's
         const FusedWorkspace w = fused_workspace(s);
-        CUDA_TRY(gemm_rows_residual_stats(s->x, s->h, ly->fcprojw, ly->fcprojb, s->layers[l + 1].ln1w, w.shift, s->ln,
-                                          w.stats, st->M, s->C, 4 * s->C, s->stream));
+        const float *gamma = l + 1 < s->L ? s->layers[l + 1].ln1w : s->lnfw;
+        CUDA_TRY(gemm_rows_residual_stats(s->x, s->h, ly->fcprojw, ly->fcprojb, gamma, w.shift, s->ln, w.stats, st->M,
+                                          s->C, 4 * s->C, s->stream));
         return 0;
     }
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C)) {
@@ -264,10 +287,21 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
+    const int folded = mlp_out_feeds_ln(s, st, s->L - 1);
+    if (folded) {  // the last mlp_out wrote bf16(lnfw (x - shift)) and the statistics
+        const FusedWorkspace w = fused_workspace(s);
+        const LogitsFold fold = {s->lnf_s, s->lnf_b, w.stats, w.shift, folded};
+        CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, &fold, s->stream));
+        return 0;
+    }
     // Past the fused rows the LayerNorm kernel gathers the rows (all, or each sequence's last).
     if (rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
+        if (logits_take_rows(s, rows)) {
+            CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, NULL, s->stream));
+            return 0;
+        }
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back
         // to an unvectorised sm75 kernel, 6x slower.
         CUBLAS_TRY(matmul_lt(s->lt, MATMUL_LT_NONE, s->logits, s->logits_ld, s->ln, s->wte, s->dtype, NULL, rows,

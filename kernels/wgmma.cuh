@@ -1,9 +1,9 @@
 // Hopper's warpgroup MMA (wgmma, sm_90a only): the PTX wrappers the prefill attention
-// (fused_attention.cu) and the few-row GEMM (gemm_rows.cu) use. A warpgroup (four consecutive
-// warps, 128 threads) multiplies a 64-row A, from registers or shared memory, by a B tile in
-// shared memory that a 64-bit descriptor locates, into fp32 accumulators, asynchronously: the MMAs
-// are issued, committed as a group and waited for, and only then are the accumulators read. Every
-// thread of the warpgroup must issue the same wgmma.
+// (fused_attention.cu) and the few-row products (gemm_rows.cu, logits_rows.cu) use. A warpgroup
+// (four consecutive warps, 128 threads) multiplies a 64-row A, from registers or shared memory, by
+// a B tile in shared memory that a 64-bit descriptor locates, into fp32 accumulators,
+// asynchronously: the MMAs are issued, committed as a group and waited for, and only then are the
+// accumulators read. Every thread of the warpgroup must issue the same wgmma.
 //
 // The register layouts are mma.sync's (mma.cuh), one warp per 16 rows: warp w of the warpgroup
 // holds rows 16 w.. of A as an m16k16 fragment (four bf16x2 registers) and the same rows of D as
@@ -83,11 +83,11 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
 
 
 // ----------------------------------------------------------------------------
-// Both operands in shared memory (the few-row GEMM, gemm_rows.cu)
+// Both operands in shared memory (the few-row products, gemm_rows.cu and logits_rows.cu)
 
 // d (64 x N fp32; this thread's N / 8 m16n8 tiles, laid out as above) += A (64 x 16 bf16) * B
 // (16 x N bf16), A and B K-major tiles under the 128-byte swizzle at their descriptors. Only the
-// widths gemm_rows.cu uses are instantiated.
+// widths the few-row products use are instantiated.
 template <int N> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc);
 
 #define WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
@@ -115,5 +115,16 @@ template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint6
 }
 #undef WGMMA_D8
 #undef WGMMA_D4
+
+// One 64-wide k slice of such a product (the few-row products' unit: one TMA box of each operand),
+// a 64 rows and b N rows, each 64 k: d += a b^T, its four k16 MMAs one committed group.
+template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8][4], const void *a, const void *b) {
+    const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);
+    wgmma_hold(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_ss<N>(d, ad + 2 * kk, bd + 2 * kk);  // +32 bytes a k16
+    wgmma_commit();
+}
 
 #undef WGMMA_ASM

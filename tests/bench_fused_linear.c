@@ -1,9 +1,10 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
+//                                                                                  | --logits
 //                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M]
 // (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt, and with
-// LN2 in its epilogue against the LayerNorm kernel after it, below)
+// LN2 in its epilogue against the LayerNorm kernel after it; --logits: logits_rows against cuBLASLt, below)
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -36,6 +37,7 @@
 #include "fused_ln_linear.h"
 #include "gemm_rows.h"
 #include "linear_residual.h"
+#include "logits_rows.h"
 #include "matmul_lt.h"
 #include "unfused_baseline.h"
 
@@ -669,6 +671,108 @@ static void bench_rows_ln1(int M) {
     cudaFree(b.stats), cudaFree(b.y), cudaFree(b.bq), cudaFree(b.ln), cudaFree(b.q);
 }
 
+// The logits of GPT-2 124M (768 -> 50257, y's rows 50304 apart): the engine's route past 4 rows
+// before logits_rows (the LayerNorm kernel, then cuBLASLt over the padded width: wte's padding rows
+// are zero) against the LayerNorm kernel + logits_rows, and logits_rows with lnf folded in (x =
+// bf16(gamma x0) and x0's 16-column slice statistics, as the last MLP projection writes them; shift
+// 0); each product alone, and logits_rows's rate of reading W. Validated against the cuBLASLt route
+// first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2 folded).
+typedef struct {
+    int M, C, V, ld, nsets;
+    void **W, **unused;   // [nsets] bf16 W [ld, C], rows past V zero
+    float *x0, *gamma, *beta, *y;
+    void *ln, *xf;        // bf16 [M, C]: LayerNorm(x0); gamma x0 (the folded route's input)
+    LogitsFold fold;
+} LogitsBench;
+
+static void enqueue_logits_lt_alone(void *p, int set) {
+    LogitsBench *b = p;
+    CB(matmul_lt(lt, MATMUL_LT_NONE, b->y, b->ld, b->ln, b->W[set], DTYPE_BF16, NULL, b->M, b->ld, b->C, NULL, stream));
+}
+static void enqueue_logits_lt(void *p, int set) {
+    LogitsBench *b = p;
+    CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
+    enqueue_logits_lt_alone(p, set);
+}
+static void enqueue_logits_rows_alone(void *p, int set) {
+    LogitsBench *b = p;
+    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, NULL, stream));
+}
+static void enqueue_logits_rows(void *p, int set) {
+    LogitsBench *b = p;
+    CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
+    enqueue_logits_rows_alone(p, set);
+}
+static void enqueue_logits_folded(void *p, int set) {
+    LogitsBench *b = p;
+    CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, stream));
+}
+
+static void bench_logits(int M) {
+    const int C = 768, V = 50257, ld = 50304, slices = C / 16;
+    LogitsBench b = {.M = M, .C = C, .V = V, .ld = ld, .nsets = nsets_for((size_t)ld * C * 2)};
+    random_sets(b.nsets, (size_t)ld * C, 1, &b.W, &b.unused);
+    for (int i = 0; i < b.nsets; i++) CK(cudaMemsetAsync((uint16_t *)b.W[i] + (size_t)V * C, 0, (size_t)(ld - V) * C * 2, stream));
+    float *hx = xmalloc((size_t)M * C * 4), *hg = xmalloc(C * 4), *hbeta = xmalloc(C * 4);
+    float *hst = xmalloc((size_t)M * slices * 8), *hs = xmalloc(V * 4), *hb = xmalloc(V * 4);
+    for (size_t i = 0; i < (size_t)M * C; i++) hx[i] = frand();
+    for (int k = 0; k < C; k++) hg[k] = 1.0f + 0.2f * frand(), hbeta[k] = 0.1f * frand();
+    for (int t = 0; t < M; t++)
+        for (int j = 0; j < slices; j++) {
+            const float *v = hx + (size_t)t * C + 16 * j;
+            double m = 0, m2 = 0;
+            for (int k = 0; k < 16; k++) m += v[k];
+            m /= 16;
+            for (int k = 0; k < 16; k++) m2 += (v[k] - m) * (v[k] - m);
+            hst[2 * ((size_t)t * slices + j)] = (float)m, hst[2 * ((size_t)t * slices + j) + 1] = (float)m2;
+        }
+    float *w = fetch(b.W[0], (size_t)V * C, DTYPE_BF16);  // s = W gamma, b' = W beta from set 0's W
+    for (int n = 0; n < V; n++) {
+        double sg = 0, sb = 0;
+        for (int k = 0; k < C; k++) sg += (double)w[(size_t)n * C + k] * hg[k], sb += (double)w[(size_t)n * C + k] * hbeta[k];
+        hs[n] = (float)sg, hb[n] = (float)sb;
+    }
+    free(w);
+    b.x0 = upload_w(hx, (size_t)M * C, DTYPE_F32);
+    b.gamma = upload_w(hg, C, DTYPE_F32), b.beta = upload_w(hbeta, C, DTYPE_F32);
+    for (int t = 0; t < M; t++)
+        for (int k = 0; k < C; k++) hx[(size_t)t * C + k] *= hg[k];
+    b.xf = upload_w(hx, (size_t)M * C, DTYPE_BF16);
+    float *zeros = xmalloc((size_t)M * 4);
+    memset(zeros, 0, (size_t)M * 4);
+    b.fold = (LogitsFold){upload_w(hs, V, DTYPE_F32), upload_w(hb, V, DTYPE_F32),
+                          upload_w(hst, (size_t)M * slices * 2, DTYPE_F32), upload_w(zeros, M, DTYPE_F32), slices};
+    CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
+    CK(cudaMalloc((void **)&b.y, (size_t)M * ld * 4));
+    const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded};
+    float *got[3];
+    for (int r = 0; r < 3; r++) {
+        CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));
+        routes[r](&b, 0);
+        got[r] = fetch(b.y, (size_t)M * ld, DTYPE_F32);
+    }
+    const double e_rows = rel_l2(got[1], got[0], (size_t)M * ld), e_fold = rel_l2(got[2], got[0], (size_t)M * ld);
+    printf("logits 768->50257 M=%-3d |", M);
+    if (!(e_rows <= 1e-5) || !(e_fold <= 1e-2)) {
+        printf(" INVALID (rel_l2 %.3g plain, %.3g folded against cuBLASLt): not timed\n", e_rows, e_fold);
+    } else {
+        Timing t[5];
+        const EnqueueFn fns[5] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded, enqueue_logits_lt_alone,
+                                  enqueue_logits_rows_alone};
+        for (int i = 0; i < 5; i++) t[i] = time_it(fns[i], &b, b.nsets);
+        printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | folded %6.2f (%.2fx) | alone: cuBLASLt"
+               " %.2f, logits_rows %.2f (W at %.0f GB/s)\n",
+               t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us,
+               t[0].graph_us / t[2].graph_us, t[3].graph_us, t[4].graph_us, (double)V * C * 2 / (t[4].graph_us * 1e3));
+    }
+    fflush(stdout);
+    for (int r = 0; r < 3; r++) free(got[r]);
+    free(hx), free(hg), free(hbeta), free(hst), free(hs), free(hb), free(zeros);
+    free_sets(b.nsets, b.W, b.unused);
+    cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.xf), cudaFree(b.ln), cudaFree(b.y);
+    cudaFree((void *)b.fold.s), cudaFree((void *)b.fold.bias), cudaFree((void *)b.fold.stats), cudaFree((void *)b.fold.shift);
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
@@ -746,6 +850,15 @@ int main(int argc, char **argv) {
             if (gemm_rows_ln_takes(Mr[mi], 768, 768)) bench_rows_ln(Mr[mi]);
             if (gemm_rows_stats_slices(Mr[mi], 768, 3072)) bench_rows_ln1(Mr[mi]);
         }
+        return 0;
+    }
+    if (argc == 2 && !strcmp(argv[1], "--logits")) {  // GPT-2 124M's logits at decode rows
+        if (!logits_rows_takes(8, 768)) {
+            printf("SKIP --logits: logits_rows needs an sm_90 device and an sm_90a build\n");
+            return 0;
+        }
+        const int Ml[] = {2, 5, 8, 16, 24, 32, 48, 64};
+        for (int mi = 0; mi < 8; mi++) bench_logits(Ml[mi]);
         return 0;
     }
     const int Ms[] = {1, 16, 64, 512, 4096};

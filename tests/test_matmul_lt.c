@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm_rows.h"
+#include "logits_rows.h"
 #include "matmul_lt.h"
 #include "unfused_baseline.h"
 
@@ -835,6 +836,132 @@ static void test_rows_ln1_fold(void) {
     cudaFree(base);
 }
 
+// logits_rows (the persistent few-row logits product) against the unfused product (cublasGemmEx
+// into fp32) of the same bf16 operands: rows 1-64 (every row tile, rows past M), the logits' N =
+// 50257 (a ragged last tile) and other widths of K = 768-1600, x's rows strided (a prompt's last
+// rows) and y's rows padded (the engine's 50304: the padding must stay untouched), large-magnitude
+// x. Then the folded LayerNorm: x = bf16(gamma (x0 - shift)) with each row's slice statistics, as
+// the last layer's MLP projection writes them, against LayerNorm(x0) (the baseline kernel) times W,
+// on rows plain, of mean 1000 and with a channel of 500. Tolerance: plain rel_l2 <= 1e-5 (fp32
+// out, the same bf16 operands, only the order of the fp32 adds differs); folded rel_l2 <= 1e-2 and
+// max_rel <= 0.1 (bf16 inputs rounded at different points, as the folded qkv's).
+static void test_logits_rows(void) {
+    static const struct {
+        int M, N, K, ldx_rows, pad, big, fold;  // x's rows ldx_rows * K apart; fold: 0 none, 1 + residual_rows' kind
+    } cases[] = {
+        {64, 50257, 768, 1, 47, 0, 0}, {5, 50257, 768, 3, 47, 1, 0}, {1, 50257, 768, 1, 0, 0, 0},
+        {17, 3000, 1024, 1, 0, 1, 0},  {33, 640, 1280, 2, 5, 0, 0},  {32, 2000, 1600, 1, 0, 0, 0},
+        {16, 4100, 104, 1, 0, 0, 0},   {64, 50257, 768, 1, 47, 0, 1}, {24, 50257, 768, 1, 47, 0, 2},
+        {9, 5000, 1024, 1, 0, 0, 3},   {64, 2048, 768, 1, 0, 0, 1},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K, fold = cases[ci].fold;
+        const int ldy = N + cases[ci].pad, ldx = K * cases[ci].ldx_rows, slices = K / 16;
+        if (small && (ci % 3 || N > 5000)) continue;
+        char name[200];
+        snprintf(name, sizeof(name), "logits_rows M=%d N=%d K=%d ldx %d ldy %d%s%s", M, N, K, ldx, ldy,
+                 cases[ci].big ? ", x ~ 300" : "",
+                 fold == 1 ? ", lnf folded" : fold == 2 ? ", lnf folded, rows of mean 1000" :
+                 fold == 3 ? ", lnf folded, a channel of 500" : "");
+        if (!logits_rows_takes(M, K)) {
+            CHECK(0, name, "logits_rows_takes refuses a shape it must take");
+            continue;
+        }
+        void *bb[10];
+        uint16_t *x = dev_buf((size_t)M * ldx * 2, 0, &bb[0]), *xc = dev_buf((size_t)M * K * 2, 0, &bb[1]);
+        uint16_t *W = dev_buf((size_t)N * K * 2, 0, &bb[2]);
+        float *y = dev_buf((size_t)M * ldy * 4, 0, &bb[3]), *y_ref = dev_buf((size_t)M * N * 4, 0, &bb[4]);
+        float *x0 = dev_buf((size_t)M * K * 4, 0, &bb[5]), *vec = dev_buf((size_t)(2 * N + 2 * K + M) * 4, 0, &bb[6]);
+        float *stats = dev_buf((size_t)M * slices * 8, 0, &bb[7]);
+        float *fs = vec, *fb = vec + N, *gamma = vec + 2 * N, *beta = gamma + K, *shift = beta + K;
+        float *hx = xmalloc((size_t)M * K * 4), *hW = xmalloc((size_t)N * K * 4);
+        fill(hW, (size_t)N * K, 1.7 / sqrt((double)K)), upload(W, hW, (size_t)N * K, DTYPE_BF16);
+        LogitsFold lf = {fs, fb, stats, shift, slices};
+        if (!fold) {
+            fill(hx, (size_t)M * K, cases[ci].big ? 300.0 : 1.0), upload(xc, hx, (size_t)M * K, DTYPE_BF16);
+        } else {  // x0's rows; x, the statistics, the shifts and the folded vectors as the engine makes them
+            float *hg = xmalloc(K * 4), *hbeta = xmalloc(K * 4), *hshift = xmalloc(M * 4);
+            float *hst = xmalloc((size_t)M * slices * 8), *hs = xmalloc(N * 4), *hb = xmalloc(N * 4);
+            residual_rows(hx, M, K, fold - 1), upload(x0, hx, (size_t)M * K, DTYPE_F32);
+            fill_gamma(hg, K), upload(gamma, hg, K, DTYPE_F32);
+            fill(hbeta, K, 0.2), upload(beta, hbeta, K, DTYPE_F32);
+            for (int t = 0; t < M; t++) {
+                const float *r = hx + (size_t)t * K;
+                double sum = 0;
+                for (int k = 0; k < K; k++) sum += r[k];
+                hshift[t] = fold > 1 ? (float)(sum / K) + 0.25f : 0.0f;  // near the mean, as the engine's
+                for (int j = 0; j < slices; j++) {
+                    double m = 0, m2 = 0;
+                    for (int k = 0; k < 16; k++) m += r[16 * j + k];
+                    m /= 16;
+                    for (int k = 0; k < 16; k++) m2 += (r[16 * j + k] - m) * (r[16 * j + k] - m);
+                    hst[2 * ((size_t)t * slices + j)] = (float)m, hst[2 * ((size_t)t * slices + j) + 1] = (float)m2;
+                }
+            }
+            for (int n = 0; n < N; n++) {
+                double sg = 0, sb = 0;
+                for (int k = 0; k < K; k++) {
+                    const double w = bf16_to_float(float_to_bf16(hW[(size_t)n * K + k]));
+                    sg += w * hg[k], sb += w * hbeta[k];
+                }
+                hs[n] = (float)sg, hb[n] = (float)sb;
+            }
+            upload(fs, hs, N, DTYPE_F32), upload(fb, hb, N, DTYPE_F32), upload(shift, hshift, M, DTYPE_F32);
+            upload(stats, hst, (size_t)M * slices * 2, DTYPE_F32);
+            for (int t = 0; t < M; t++)
+                for (int k = 0; k < K; k++) hx[(size_t)t * K + k] = hg[k] * (hx[(size_t)t * K + k] - hshift[t]);
+            upload(xc, hx, (size_t)M * K, DTYPE_BF16);
+            free(hg), free(hbeta), free(hshift), free(hst), free(hs), free(hb);
+        }
+        cuda_ok(cudaMemcpy2DAsync(x, (size_t)ldx * 2, xc, (size_t)K * 2, (size_t)K * 2, M, cudaMemcpyDeviceToDevice,
+                                  stream), "strided x");
+        cuda_ok(cudaMemsetAsync(y, 0xff, (size_t)M * ldy * 4, stream), "poison");
+        const cudaError_t e = logits_rows(y, ldy, x, ldx, W, M, N, K, fold ? &lf : NULL, stream);
+        cudaError_t el = cudaSuccess;
+        if (fold) el = (cudaError_t)baseline_layernorm(xc, x0, gamma, beta, M, K, DTYPE_BF16, stream);
+        const cublasStatus_t st =
+            matmul_lt_unfused(cublas, MATMUL_LT_NONE, y_ref, xc, W, DTYPE_BF16, NULL, M, N, K, NULL, stream);
+        cuda_ok(cudaStreamSynchronize(stream), name);
+        if (e != cudaSuccess || el != cudaSuccess || st != CUBLAS_STATUS_SUCCESS) {
+            CHECK(0, name, "logits_rows %s, LayerNorm %s, unfused %s", cudaGetErrorString(e), cudaGetErrorString(el),
+                  cublasGetStatusName(st));
+        } else {
+            float *got = download(y, (size_t)M * ldy, DTYPE_F32), *want = download(y_ref, (size_t)M * N, DTYPE_F32);
+            long long padding_written = 0;
+            for (int t = 0; t < M; t++) {
+                for (int f = N; f < ldy; f++) padding_written += !isnan(got[(size_t)t * ldy + f]);
+                memmove(got + (size_t)t * N, got + (size_t)t * ldy, (size_t)N * 4);
+            }
+            const Cmp c = compare(got, want, (size_t)M * N);
+            const double tol = fold ? 1e-2 : 1e-5, tol_max = fold ? 0.1 : 1e-4;
+            CHECK(c.unwritten == 0 && padding_written == 0 && c.rel_l2 <= tol && c.max_rel <= tol_max, name,
+                  "unwritten %lld, padding written %lld, rel_l2 %.3g (tol %.0e), max_rel %.3g (tol %.0e)",
+                  c.unwritten, padding_written, c.rel_l2, tol, c.max_rel, tol_max);
+            free(got), free(want);
+        }
+        free(hx), free(hW);
+        for (int i = 0; i < 8; i++) cudaFree(bb[i]);
+    }
+    // What it refuses, launching nothing: no rows or more than 64, K not a multiple of 8, x's rows
+    // off 16 bytes, ldy < N, a fold without its statistics or whose slices do not divide K.
+    void *base;
+    float *d = dev_buf(1 << 22, 0, &base);
+    const LogitsFold no_stats = {d, d, NULL, d, 4}, bad_slices = {d, d, d, d, 5};
+    const cudaError_t e[6] = {
+        logits_rows(d, 64, d, 64, d, 0, 64, 64, NULL, stream),  logits_rows(d, 64, d, 64, d, 65, 64, 64, NULL, stream),
+        logits_rows(d, 64, d, 68, d, 4, 64, 68, NULL, stream),  logits_rows(d, 64, d, 68, d, 4, 64, 64, NULL, stream),
+        logits_rows(d, 60, d, 64, d, 4, 64, 64, NULL, stream),  logits_rows(d, 64, d, 64, d, 4, 64, 64, &no_stats, stream),
+    };
+    const cudaError_t e6 = logits_rows(d, 64, d, 64, d, 4, 64, 64, &bad_slices, stream);
+    CHECK(e[0] == cudaErrorInvalidValue && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
+              e[3] == cudaErrorNotSupported && e[4] == cudaErrorInvalidValue && e[5] == cudaErrorInvalidValue &&
+              e6 == cudaErrorInvalidValue && !logits_rows_takes(65, 768) && !logits_rows_takes(64, 1600) &&
+              logits_rows_takes(32, 1600),
+          "logits_rows: refuses what it cannot run", "got %d %d %d %d %d %d %d, takes %d %d %d", e[0], e[1], e[2], e[3],
+          e[4], e[5], e6, logits_rows_takes(65, 768), logits_rows_takes(64, 1600), logits_rows_takes(32, 1600));
+    cudaFree(base);
+}
+
 int main(void) {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -896,8 +1023,8 @@ int main(void) {
             test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
     test_tuning();
     test_bad_args();
-    if (gemm_rows_available()) test_rows(), test_rows_ln(), test_rows_ln1_fold();
-    else test_skip("gemm_rows", "not an sm_90 device with an sm_90a build");
+    if (gemm_rows_available()) test_rows(), test_rows_ln(), test_rows_ln1_fold(), test_logits_rows();
+    else test_skip("gemm_rows and logits_rows", "not an sm_90 device with an sm_90a build");
 
     matmul_lt_free(lt);
     cublasDestroy(cublas);

@@ -1,0 +1,96 @@
+// Hopper's bulk copies (TMA) and the shared-memory barriers that count their bytes (sm_90a): what
+// the few-row products (gemm_rows.cu, logits_rows.cu) load their tiles with. A tile lands in shared
+// memory under the 128-byte swizzle that wgmma's descriptors read (wgmma.cuh), and its bytes
+// complete a phase of an mbarrier that the consumers wait on.
+//
+// Compiled for any other target the device wrappers trap: callers launch the kernels that use them
+// only on compute capability 9.0 from a build that has sm_90a code (GPT2_SM90A).
+#pragma once
+
+#include <cuda.h>          // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SM90_ASM(...) __trap()
+#else
+#define SM90_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+// ----------------------------------------------------------------------------
+// mbarriers
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int arrivals) {
+    SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA's completions) and to the cluster.
+__device__ __forceinline__ void mbar_fence_init() { SM90_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// This thread's arrival, announcing `bytes` of TMA traffic the phase must also wait for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// This thread's arrival (release: its earlier shared-memory reads are done before the phase completes).
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Returns once the barrier's phase of this parity has completed (phases alternate 0, 1, 0, ...).
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        SM90_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    } while (!done);
+}
+
+// ----------------------------------------------------------------------------
+// Bulk tensor copies
+
+// The box of `map` at (k, row) into shared memory; its bytes count against `bar`.
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int k, int row, uint64_t *bar) {
+    SM90_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+                 "r"(smem_addr(dst)),
+             "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
+             : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    SM90_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+#undef SM90_ASM
+
+// ----------------------------------------------------------------------------
+// Tensor maps (host)
+
+// cuTensorMapEncodeTiled from the driver through the runtime (no -lcuda); NULL when unavailable.
+static inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static bool tried;
+    if (!tried) {
+        tried = true;
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        cudaGetLastError();
+    }
+    return fn;
+}
+
+// A bf16 [rows, K] matrix, rows ld elements apart, read in boxes of box_rows x 64 under the 128-byte
+// swizzle (rows and k past the end read as zeros). ld * 2 must be a multiple of 16.
+static inline bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, long long ld, int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
+    return encode && encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
