@@ -518,8 +518,10 @@ int main(void) {
         // 40 rows in bf16: past the cluster GEMV, so the attention reads the many-row route's qkv
         // product (on Hopper gemm_rows's, layer 1's with ln1 folded in).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 40, T, T / 3, DTYPE_BF16, 3e-2);
-        // 8 rows in bf16: on Hopper, gemm_rows from 2 rows where no LayerNorm kernel is left.
+        // 8 rows in bf16: on Hopper, gemm_rows from 2 rows where no LayerNorm kernel is left, and
+        // 2 rows: the fewest whose logits go through logits_rows, lnf folded in (so do 8 and 40).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 8, T, T / 3, DTYPE_BF16, 3e-2);
+        if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 2, T, T / 3, DTYPE_BF16, 3e-2);
         check_forward_graph(&m, tag, DTYPE_F32, 2, T / 2, T / 3);
         check_forward_graph(&m, tag, DTYPE_BF16, 3, T / 2 > 5 ? T / 2 : 5, 0);  // bf16 prefill: attention reads qkv
         check_folded(&m, tag, DTYPE_F32);
