@@ -77,7 +77,7 @@
 //     split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
 // The logits (bf16) go through logits_rows from 2 rows where it takes them (Hopper; kernels/
 // logits_rows.h), with lnf folded in where the last MLP projection writes the statistics: B=2-4
-// +3-4% against the GEMV, B=5-64 +1.4-2.2% against the LayerNorm kernel + cuBLASLt ("Session 24");
+// +3-4% against the GEMV, B=5-64 +1.4-2.5% against the LayerNorm kernel + cuBLASLt ("Session 24");
 // elsewhere the GEMV to 4 rows, then cuBLASLt (gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64:
 // "Session 22").
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
