@@ -23,6 +23,9 @@ stamps). Per kernel, the median over the decode steps (a prefill has other kerne
   early     how long before its release the kernel's first block was resident (PDL's head start)
   late      how long after its release its last block became resident (0 when all were before:
             a block that starts after the release loads its weights on the step's path)
+  ready     how long before its release its last block became resident (negative: after); a block
+            resident less long than its weights take to load (an SM's share of the copy rate,
+            ~32 bytes a ns on an H200) still loads them on the step's path
 """
 import argparse
 import bisect
@@ -98,14 +101,15 @@ def main():
             release, last_exit = min(v[1]), max(v[2])
             nxt = min(ks[i + 1][2][1]) if i + 1 < len(ks) else None
             late = max(0, max(v[0]) - release)
-            rows[name].append((last_exit - release, (nxt - last_exit) if nxt else None, release - start, late))
+            rows[name].append((last_exit - release, (nxt - last_exit) if nxt else None, release - start, late,
+                               release - max(v[0])))
             names.setdefault(name, i)
     if not used:
         counts = collections.Counter(seen)
         sys.exit(f"trace_decode.py: no decode step of {expected} kernels found (--layers, --ops?); steps by "
                  f"kernels: {dict(sorted(counts.items()))}")
     print(f"{used} decode steps; median us per kernel (times {a.layers} for a layer's ops)")
-    print(f"{'kernel':10s} {'busy':>7s} {'boundary':>9s} {'early':>7s} {'late':>7s}")
+    print(f"{'kernel':10s} {'busy':>7s} {'boundary':>9s} {'early':>7s} {'late':>7s} {'ready':>7s}")
     total = 0.0
     for name in sorted(rows, key=lambda k: names[k]):
         busy = statistics.median(r[0] for r in rows[name]) / 1e3
@@ -113,9 +117,10 @@ def main():
         bnd = statistics.median(bnd) / 1e3 if bnd else float("nan")
         early = statistics.median(r[2] for r in rows[name]) / 1e3
         late = statistics.median(r[3] for r in rows[name]) / 1e3
+        ready = statistics.median(r[4] for r in rows[name]) / 1e3
         count = names_in_step.count(name)
         total += count * (busy + (bnd if bnd == bnd else 0))
-        print(f"{name:10s} {busy:7.2f} {bnd:9.2f} {early:7.2f} {late:7.2f}")
+        print(f"{name:10s} {busy:7.2f} {bnd:9.2f} {early:7.2f} {late:7.2f} {ready:7.2f}")
     print(f"a step: ~{total:.1f} us of busy + boundary time")
 
 
