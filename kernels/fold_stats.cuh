@@ -44,8 +44,8 @@ __device__ __forceinline__ FoldLoad<PAIRS> fold_load(const FoldStats &fs, int r0
 // Row r0 + i's (mean - shift, rstd) into rows[i] (0 past M), GPT-2's eps; every thread of the
 // block's first THREADS calls it (the shuffles), and rows is read after a barrier.
 template <int RB, int THREADS, int PAIRS>
-__device__ __forceinline__ void fold_finish(const FoldStats &fs, const FoldLoad<PAIRS> &f, float2 *rows, int r0, int M, int K,
-                                            int tid) {
+__device__ __forceinline__ void fold_finish(const FoldStats &fs, const FoldLoad<PAIRS> &f, float2 *rows, int r0,
+                                            int M, int K, int tid) {
     constexpr int G = THREADS / RB;
     const int t = r0 + tid / G, g = tid % G, S = fs.slices;
     const float width = (float)(K / S);

@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_slice_ss<RB>(acc, w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
         wgmma_hold(acc);
     }
-    if constexpr (MODE == ROWS_FOLDED)
-        fold_finish<RB, THREADS, FOLD_PAIRS>(fold_stats, fold, LnSmem::at<RB>(lnsm).row, r0, M, K, tid);  // under the MMAs
+    if constexpr (MODE == ROWS_FOLDED)  // under the MMAs
+        fold_finish<RB, THREADS, FOLD_PAIRS>(fold_stats, fold, LnSmem::at<RB>(lnsm).row, r0, M, K, tid);
     wgmma_wait<0>();
     wgmma_hold(acc);
     if constexpr (MODE == ROWS_FOLDED) __syncthreads();  // the rows' statistics are in lnsm

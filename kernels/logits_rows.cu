@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemm_rows.h"  // gemm_rows_available
 #include "fold_stats.cuh"
+#include "gemm_rows.h"  // gemm_rows_available
 #include "kernel_util.h"
 #include "logits_rows.h"
 #include "pdl.cuh"
@@ -25,13 +25,13 @@
 
 namespace {
 
-constexpr int BK = 64;         // k per slice: one 128-byte swizzled row of bf16
-constexpr int BF = 64;         // W rows (logits columns) a tile: wgmma's M
-constexpr int MMA_THREADS = 128;             // one warpgroup multiplies
-constexpr int THREADS = MMA_THREADS + 32;    // and one warp loads
+constexpr int BK = 64;                          // k per slice: one 128-byte swizzled row of bf16
+constexpr int BF = 64;                          // W rows (logits columns) a tile: wgmma's M
+constexpr int MMA_THREADS = 128;                // one warpgroup multiplies
+constexpr int THREADS = MMA_THREADS + 32;       // and one warp loads
 constexpr int W_SLICE = BF * BK * 2;
 constexpr int MIN_STAGES = 4, MAX_STAGES = 16;  // 32-128 KB of W in flight an SM
-constexpr int FOLD_PAIRS = 24;  // the folded LayerNorm's slice statistics a thread holds (fold_stats.cuh)
+constexpr int FOLD_PAIRS = 24;                  // slice statistics a thread holds (fold_stats.cuh)
 
 // Shared memory of a block for RB rows of K and STAGES ring slots, the alignment slack included.
 constexpr size_t smem_bytes(int K, int rb, int stages) {
@@ -43,10 +43,10 @@ constexpr size_t smem_bytes(int K, int rb, int stages) {
 // ----------------------------------------------------------------------------
 // The kernel
 //
-// Block b owns tiles b, b + gridDim.x, ...: logits columns f0 = 64 tile.. of all M rows. Accumulator
-// tile j of a thread (wgmma.cuh's layout, A = W: its rows are y's columns) holds columns
-// fa = f0 + 16 warp + lane / 4 and fa + 8, rows t = 8 j + 2 (lane % 4) and t + 1:
-// acc[j] = {(fa, t), (fa, t+1), (fa+8, t), (fa+8, t+1)}.
+// Block b owns tiles b, b + gridDim.x, ... (the grid is at most the tiles: every block has one):
+// logits columns f0 = 64 tile.. of all M rows. Accumulator tile j of a thread (wgmma.cuh's layout,
+// A = W: its rows are y's columns) holds columns fa = f0 + 16 warp + lane / 4 and fa + 8, rows
+// t = 8 j + 2 (lane % 4) and t + 1: acc[j] = {(fa, t), (fa, t+1), (fa+8, t), (fa+8, t+1)}.
 
 template <int RB, int STAGES, bool FOLD>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const int slices = (K + BK - 1) / BK, tiles = (N + BF - 1) / BF;
-    const int my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int my_tiles = (tiles - 1 - blockIdx.x) / gridDim.x + 1;
     const int items = my_tiles * slices;  // the ring's slices, over the block's tiles
     unsigned char *x_tiles = smem, *ring = smem + (size_t)slices * RB * BK * 2;
     float2 *rows = reinterpret_cast<float2 *>(ring + (size_t)STAGES * W_SLICE);
@@ -81,14 +81,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const int tile = blockIdx.x + (i / slices) * gridDim.x, s = i % slices;
                 mbar_arrive_expect_tx(&full[slot], W_SLICE);
                 tma_load(ring + (size_t)slot * W_SLICE, &w_map, s * BK, tile * BF, &full[slot]);
-                if (i == (items < STAGES ? items : STAGES) - 1) {  // the ring is full: now x (written by the step)
+                if (i == min(items, STAGES) - 1) {  // the ring is full: now x (written by the step)
                     pdl_wait();
                     mbar_arrive_expect_tx(x_full, slices * RB * BK * 2);
                     for (int k = 0; k < slices; k++)
                         tma_load(x_tiles + (size_t)k * RB * BK * 2, &x_map, k * BK, 0, x_full);
                 }
             }
-            if (items == 0) pdl_wait();
         }
         return;
     }
@@ -125,7 +124,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         if (FOLD && n == 0) {
             fold_finish<RB, MMA_THREADS, FOLD_PAIRS>(fold_stats, fold_pairs, rows, 0, M, K, tid);
-            asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");  // the warpgroup's barrier, not the producer's
+            // The warpgroup's barrier (named, not the producer's): rows is written.
+            asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
 #pragma unroll
             for (int j = 0; j < J; j++)
                 row_fold[j][0] = rows[8 * j + 2 * (lane % 4)], row_fold[j][1] = rows[8 * j + 2 * (lane % 4) + 1];

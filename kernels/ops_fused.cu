@@ -180,7 +180,8 @@ static int logits_take_rows(const GpuState *s, int rows) {
 // gemm_rows (docs/PERF.md, "Session 23"), after the last layer lnf into the logits where one token a
 // sequence goes through logits_rows ("Session 24"). The one place the ops ask.
 static int mlp_out_feeds_ln(const GpuState *s, const GpuStep *st, int l) {
-    if (st->M > FOLD_ROWS || !attn_out_writes_ln2(s, st) || st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
+    if (st->M > FOLD_ROWS || !attn_out_writes_ln2(s, st) ||
+        st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
         return 0;
     if (l + 1 < s->L ? st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) ||
                            !gemm_rows_takes(st->M, 3 * s->C, s->C)

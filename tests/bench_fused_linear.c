@@ -712,7 +712,8 @@ static void bench_logits(int M) {
     const int C = 768, V = 50257, ld = 50304, slices = C / 16;
     LogitsBench b = {.M = M, .C = C, .V = V, .ld = ld, .nsets = nsets_for((size_t)ld * C * 2)};
     random_sets(b.nsets, (size_t)ld * C, 1, &b.W, &b.unused);
-    for (int i = 0; i < b.nsets; i++) CK(cudaMemsetAsync((uint16_t *)b.W[i] + (size_t)V * C, 0, (size_t)(ld - V) * C * 2, stream));
+    for (int i = 0; i < b.nsets; i++)
+        CK(cudaMemsetAsync((uint16_t *)b.W[i] + (size_t)V * C, 0, (size_t)(ld - V) * C * 2, stream));
     float *hx = xmalloc((size_t)M * C * 4), *hg = xmalloc(C * 4), *hbeta = xmalloc(C * 4);
     float *hst = xmalloc((size_t)M * slices * 8), *hs = xmalloc(V * 4), *hb = xmalloc(V * 4);
     for (size_t i = 0; i < (size_t)M * C; i++) hx[i] = frand();
@@ -729,7 +730,10 @@ static void bench_logits(int M) {
     float *w = fetch(b.W[0], (size_t)V * C, DTYPE_BF16);  // s = W gamma, b' = W beta from set 0's W
     for (int n = 0; n < V; n++) {
         double sg = 0, sb = 0;
-        for (int k = 0; k < C; k++) sg += (double)w[(size_t)n * C + k] * hg[k], sb += (double)w[(size_t)n * C + k] * hbeta[k];
+        for (int k = 0; k < C; k++) {
+            const double wk = w[(size_t)n * C + k];
+            sg += wk * hg[k], sb += wk * hbeta[k];
+        }
         hs[n] = (float)sg, hb[n] = (float)sb;
     }
     free(w);
@@ -757,8 +761,8 @@ static void bench_logits(int M) {
         printf(" INVALID (rel_l2 %.3g plain, %.3g folded against cuBLASLt): not timed\n", e_rows, e_fold);
     } else {
         Timing t[5];
-        const EnqueueFn fns[5] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded, enqueue_logits_lt_alone,
-                                  enqueue_logits_rows_alone};
+        const EnqueueFn fns[5] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded,
+                                  enqueue_logits_lt_alone, enqueue_logits_rows_alone};
         for (int i = 0; i < 5; i++) t[i] = time_it(fns[i], &b, b.nsets);
         printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | folded %6.2f (%.2fx) | alone: cuBLASLt"
                " %.2f, logits_rows %.2f (W at %.0f GB/s)\n",
@@ -770,7 +774,8 @@ static void bench_logits(int M) {
     free(hx), free(hg), free(hbeta), free(hst), free(hs), free(hb), free(zeros);
     free_sets(b.nsets, b.W, b.unused);
     cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.xf), cudaFree(b.ln), cudaFree(b.y);
-    cudaFree((void *)b.fold.s), cudaFree((void *)b.fold.bias), cudaFree((void *)b.fold.stats), cudaFree((void *)b.fold.shift);
+    cudaFree((void *)b.fold.s), cudaFree((void *)b.fold.bias);
+    cudaFree((void *)b.fold.stats), cudaFree((void *)b.fold.shift);
 }
 
 int main(int argc, char **argv) {

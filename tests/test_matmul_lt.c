@@ -948,9 +948,10 @@ static void test_logits_rows(void) {
     float *d = dev_buf(1 << 22, 0, &base);
     const LogitsFold no_stats = {d, d, NULL, d, 4}, bad_slices = {d, d, d, d, 5};
     const cudaError_t e[6] = {
-        logits_rows(d, 64, d, 64, d, 0, 64, 64, NULL, stream),  logits_rows(d, 64, d, 64, d, 65, 64, 64, NULL, stream),
-        logits_rows(d, 64, d, 68, d, 4, 64, 68, NULL, stream),  logits_rows(d, 64, d, 68, d, 4, 64, 64, NULL, stream),
-        logits_rows(d, 60, d, 64, d, 4, 64, 64, NULL, stream),  logits_rows(d, 64, d, 64, d, 4, 64, 64, &no_stats, stream),
+        logits_rows(d, 64, d, 64, d, 0, 64, 64, NULL, stream), logits_rows(d, 64, d, 64, d, 65, 64, 64, NULL, stream),
+        logits_rows(d, 64, d, 68, d, 4, 64, 68, NULL, stream), logits_rows(d, 64, d, 68, d, 4, 64, 64, NULL, stream),
+        logits_rows(d, 60, d, 64, d, 4, 64, 64, NULL, stream),
+        logits_rows(d, 64, d, 64, d, 4, 64, 64, &no_stats, stream),
     };
     const cudaError_t e6 = logits_rows(d, 64, d, 64, d, 4, 64, 64, &bad_slices, stream);
     CHECK(e[0] == cudaErrorInvalidValue && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
