@@ -2,7 +2,8 @@
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
 //                                                                                  | --logits
 //                                                                                  | --one K N dtype M
-//                                                                                  | --one-res K N dtype M]
+//                                                                                  | --one-res K N dtype M
+//                                                                                  | --one-rows EPILOGUE K N M]
 // (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt, and with
 // LN2 in its epilogue against the LayerNorm kernel after it; --logits: logits_rows against cuBLASLt, below)
 //
@@ -828,6 +829,16 @@ int main(int argc, char **argv) {
     }
     if (argc == 6 && !strcmp(argv[1], "--one-res")) {  // --one-res K N fp32|bf16 M: one projection (for ncu)
         bench_res(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "bf16") ? DTYPE_F32 : DTYPE_BF16, atoi(argv[5]));
+        return 0;
+    }
+    if (argc == 6 && !strcmp(argv[1], "--one-rows")) {  // --one-rows EPILOGUE K N M: one gemm_rows product (for ncu)
+        if (!gemm_rows_available()) {
+            printf("SKIP --one-rows: gemm_rows needs an sm_90 device and an sm_90a build\n");
+            return 0;
+        }
+        const int epi = atoi(argv[2]);  // matmul_lt.h's MatmulLtEpilogue: 0 none .. 3 bias + GELU
+        if (epi < MATMUL_LT_NONE || epi > MATMUL_LT_BIAS_GELU) die("--one-rows: epilogue %s is not 0-3", argv[2]);
+        bench_rows((MatmulLtEpilogue)epi, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
         return 0;
     }
     const int shapes[][2] = {{768, 3072}, {1024, 4096}};
