@@ -529,6 +529,18 @@ static double routes_differ(EnqueueFn a, EnqueueFn b, void *ctx, float *y, size_
     return e;
 }
 
+// Two routes to one output, already validated against each other (e: their rel_l2): prints "INVALID"
+// past 1e-2, else times both and prints "  A us | b_name  B us (A/B x)". Returns 1 when timed.
+static int time_route_pair(EnqueueFn a, EnqueueFn b, void *ctx, int nsets, double e, const char *b_name) {
+    if (!(e <= 1e-2)) {
+        printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
+        return 0;
+    }
+    const Timing ta = time_it(a, ctx, nsets), tb = time_it(b, ctx, nsets);
+    printf(" %6.2f us | %s %6.2f (%.2fx)", ta.graph_us, b_name, tb.graph_us, ta.graph_us / tb.graph_us);
+    return 1;
+}
+
 // The attention projection followed by LN2 (C = 768): gemm_rows then a LayerNorm kernel (the
 // baseline's, as the engine's one warp a row), against gemm_rows_residual_ln (both in one kernel),
 // validated against each other first.
@@ -565,13 +577,7 @@ static void bench_rows_ln(int M) {
     const double e =
         routes_differ(enqueue_proj_then_ln, enqueue_proj_ln, &b, b.y, (size_t)M * C * 4, b.ln, (size_t)M * C);
     printf("rows proj+LN2    768->768  M=%-3d | gemm_rows + LayerNorm kernel", M);
-    if (!(e <= 1e-2)) {
-        printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
-    } else {
-        const Timing t2 = time_it(enqueue_proj_then_ln, &b, b.nsets), t1 = time_it(enqueue_proj_ln, &b, b.nsets);
-        printf(" %6.2f us | gemm_rows_residual_ln %6.2f (%.2fx)\n", t2.graph_us, t1.graph_us,
-               t2.graph_us / t1.graph_us);
-    }
+    if (time_route_pair(enqueue_proj_then_ln, enqueue_proj_ln, &b, b.nsets, e, "gemm_rows_residual_ln")) printf("\n");
     fflush(stdout);
     free(hv);
     free_sets(b.nsets, b.W, b.x);
@@ -653,12 +659,7 @@ static void bench_rows_ln1(int M) {
         routes_differ(enqueue_ln1_kernel, enqueue_ln1_folded, &b, b.y, (size_t)M * C * 4, b.q, (size_t)M * N);
     free(wq);
     printf("rows fcproj+LN1+qkv M=%-3d | gemm_rows + LayerNorm kernel + gemm_rows", M);
-    if (!(e <= 1e-2)) {
-        printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
-    } else {
-        const Timing t3 = time_it(enqueue_ln1_kernel, &b, b.nsets), t2 = time_it(enqueue_ln1_folded, &b, b.nsets);
-        printf(" %6.2f us | statistics + folded qkv %6.2f (%.2fx)", t3.graph_us, t2.graph_us,
-               t3.graph_us / t2.graph_us);
+    if (time_route_pair(enqueue_ln1_kernel, enqueue_ln1_folded, &b, b.nsets, e, "statistics + folded qkv")) {
         const Timing fp = time_it(enqueue_ln1_fcproj, &b, b.nsets), fs = time_it(enqueue_ln1_stats, &b, b.nsets);
         const Timing qp = time_it(enqueue_ln1_qkv, &b, b.nsets), qf = time_it(enqueue_ln1_qkv_folded, &b, b.nsets);
         printf(" | alone: fcproj %.2f, with statistics %.2f; qkv %.2f, folded %.2f\n", fp.graph_us, fs.graph_us,
