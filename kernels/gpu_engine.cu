@@ -58,7 +58,7 @@ typedef struct {
     GpuGraphStats graph_stats;
     void *cublas_workspace;             // kCublasWorkspaceBytes, given to cuBLAS at creation
 #ifdef GPT2_TRACE
-    unsigned *trace;                    // kernels/kernel_trace.cuh: [count, pad[3], TraceRecord...]
+    unsigned *trace;                    // kernels/kernel_trace.cuh: [kTraceSMs counts, records by SM]
 #endif
 } GpuEngine;
 
@@ -81,22 +81,39 @@ void trace_register(void (*bind)(TraceRecord *, unsigned *)) {
 
 static int trace_start(GpuEngine *g, Error *err) {
     if (!getenv("GPT2_TRACE")) return 0;
-    const size_t bytes = 16 + (size_t)kTraceCapacity * sizeof(TraceRecord);
+    const size_t bytes = kTraceSMs * sizeof(unsigned) + (size_t)kTraceSMs * kTracePerSM * sizeof(TraceRecord);
     if (gpu_alloc((void **)&g->trace, bytes, "the kernel trace", err)) return -1;
-    CUDA_TRY(cudaMemset(g->trace, 0, 16));
-    for (int i = 0; i < trace_nbinders; i++) trace_binders[i]((TraceRecord *)(g->trace + 4), g->trace);
+    CUDA_TRY(cudaMemset(g->trace, 0, bytes));
+    for (int i = 0; i < trace_nbinders; i++) trace_binders[i]((TraceRecord *)(g->trace + kTraceSMs), g->trace);
     return 0;
 }
 
-// Writes [count (uint32), records] to $GPT2_TRACE.
+// Writes [count (uint32), records] to $GPT2_TRACE: every SM's region, up to the time the first region
+// to fill took its last record (past it some SMs' blocks would be missing), whole blocks only.
 static void trace_finish(GpuEngine *g) {
     if (!g->trace) return;
-    unsigned n = 0;
+    unsigned counts[kTraceSMs];
     CUDA_WARN(cudaDeviceSynchronize());
-    CUDA_WARN(cudaMemcpy(&n, g->trace, sizeof n, cudaMemcpyDeviceToHost));
-    if (n > kTraceCapacity) n = kTraceCapacity;
-    TraceRecord *h = (TraceRecord *)xmalloc((size_t)n * sizeof(TraceRecord) + 1);
-    CUDA_WARN(cudaMemcpy(h, g->trace + 4, (size_t)n * sizeof(TraceRecord), cudaMemcpyDeviceToHost));
+    CUDA_WARN(cudaMemcpy(counts, g->trace, sizeof counts, cudaMemcpyDeviceToHost));
+    const size_t all = (size_t)kTraceSMs * kTracePerSM;
+    TraceRecord *h = (TraceRecord *)xmalloc(all * sizeof(TraceRecord));
+    CUDA_WARN(cudaMemcpy(h, g->trace + kTraceSMs, all * sizeof(TraceRecord), cudaMemcpyDeviceToHost));
+    unsigned long long cut = ~0ull;
+    for (unsigned sm = 0; sm < kTraceSMs; sm++) {
+        if (counts[sm] + kTraceEvents <= kTracePerSM) continue;
+        const TraceRecord *region = h + (size_t)sm * kTracePerSM;
+        unsigned long long last = 0;
+        for (unsigned i = 0; i < kTracePerSM; i++) last = region[i].time_ns > last ? region[i].time_ns : last;
+        cut = last < cut ? last : cut;
+    }
+    unsigned n = 0;  // a block's slots are kTraceEvents aligned ones, its exit among them
+    for (size_t b = 0; b < all; b += kTraceEvents) {
+        unsigned long long exit_ns = 0;
+        for (unsigned e = 0; e < kTraceEvents; e++)
+            if (h[b + e].time_ns && h[b + e].event == TRACE_EXIT) exit_ns = h[b + e].time_ns;
+        for (unsigned e = 0; e < kTraceEvents && exit_ns && exit_ns <= cut; e++)
+            if (h[b + e].time_ns) h[n++] = h[b + e];
+    }
     const char *path = getenv("GPT2_TRACE");
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(&n, sizeof n, 1, f) != 1 || fwrite(h, sizeof(TraceRecord), n, f) != n)

@@ -10,7 +10,7 @@ Batched decode (bench, one batch size; on Hopper at 17-64 rows only layer 0 runs
     python3 scripts/trace_decode.py trace.bin --layer0 ln1,qkv,attention,proj,fc,fcproj --tail lnf,sampling
 
 The file (kernels/kernel_trace.cuh): a uint32 count, then records of (grid id, time ns, event, SM,
-blocks, threads), one per block and event: 0 the block started, 1 its pdl_wait() returned (the
+blocks, block), one per block and event: 0 the block started, 1 its pdl_wait() returned (the
 previous kernel had completed), 2 it exited. A step is one replay of the decode graph, from its
 first kernel; its kernels are, in release order, the embedding, five per layer (qkv, attention,
 proj, fc, fcproj; --ops names another sequence, e.g. four where the attention applies the
@@ -26,6 +26,9 @@ stamps). Per kernel, the median over the decode steps (a prefill has other kerne
   ready     how long before its release its last block became resident (negative: after); a block
             resident less long than its weights take to load (an SM's share of the copy rate,
             ~32 bytes a ns on an H200) still loads them on the step's path
+Kernels that stamp their own phases (events 3.., kernel_trace.cuh; gemm_rows: W landed, x landed,
+MMAs done, epilogue started) get a second table: for each phase, when the last block reached it
+after the kernel's release (the dependent path), and the median block's time.
 """
 import argparse
 import bisect
@@ -57,22 +60,29 @@ def main():
     recs = sorted(read(a.trace), key=lambda r: r[1])
     if not recs:
         sys.exit("trace_decode.py: no records (was the binary built with make TRACE=1?)")
-    # Launches: a graph's replays reuse its kernels' grid ids, and a launch leaves three records a
-    # block, so a grid id's records in time order are its launches, 3 x blocks records each (the
-    # last one cut short where the buffer filled is dropped). Time alone does not separate them:
-    # with PDL a kernel's first blocks can start long before its release.
-    by_gid = collections.defaultdict(list)
+    # Launches: a graph's replays reuse their kernels' grid ids, so a block's records (grid id, block)
+    # in time order are its visits, one a launch, each ending at its exit; the k-th visits of a grid
+    # id's blocks are its k-th launch (one cut short where the buffer filled is dropped). Time alone
+    # does not separate launches: with PDL a kernel's first blocks can start long before its release.
+    by_block = collections.defaultdict(list)
     for r in recs:
-        by_gid[r[0]].append(r)
+        by_block[(r[0], r[5])].append(r)
+    visits = collections.defaultdict(lambda: collections.defaultdict(list))  # gid -> k -> records
+    for (gid, _b), rs in by_block.items():
+        k = 0
+        for r in sorted(rs, key=lambda r: (r[1], r[2] == 2)):  # an exit after a phase of its time
+            visits[gid][k].append(r)
+            k += r[2] == 2
     launches = []  # (first start, gid, {event: [times]})
-    for gid, rs in by_gid.items():
-        per = 3 * rs[0][4]
-        for i in range(0, len(rs) - per + 1, per):
-            ev = {0: [], 1: [], 2: []}
-            for r in rs[i:i + per]:
+    for gid, by_k in visits.items():
+        for rs in by_k.values():
+            if len({r[5] for r in rs}) < rs[0][4]:
+                continue
+            ev = collections.defaultdict(list)
+            for r in rs:
                 ev[r[2]].append(r[1])
             if ev[0] and ev[1] and ev[2]:
-                launches.append((min(ev[0]), gid, ev))
+                launches.append((min(ev[0]), gid, dict(ev)))
     launches.sort(key=lambda x: x[0])
     # Steps: a decode graph's replays; each starts with its first kernel (the embedding), the
     # earliest-starting grid id of those launched more than once. A prefill's kernels and
@@ -86,15 +96,22 @@ def main():
         if k >= 0:
             steps[k].append((s0, gid, ev))
     expected = len(names_in_step)
+    # A step's shape: each kernel's grid id, in release order. Only steps of the commonest shape with
+    # the expected count are used, so a step cut short and padded by a stray launch cannot shift names.
+    def shape(step):
+        return tuple(gid for _s, gid, _v in sorted(step, key=lambda x: min(x[2][1])))
+    shapes = collections.Counter(shape(st) for st in steps if len(st) == expected)
+    common = shapes.most_common(1)[0][0] if shapes else None
     rows = collections.defaultdict(list)
+    phases = collections.defaultdict(lambda: collections.defaultdict(list))  # name -> event -> [(last, median)]
     names = {}
     used = 0
     seen = []  # kernels per step
     for step in steps:
         ks = sorted(step, key=lambda x: min(x[2][1]))  # in release order
         seen.append(len(ks))
-        if len(ks) != expected:
-            continue  # not a decode step (a prefill) or an incomplete one
+        if len(ks) != expected or shape(step) != common:
+            continue  # not a decode step (a prefill), an incomplete one or a stray
         used += 1
         for i, (start, _gid, v) in enumerate(ks):
             name = names_in_step[i]
@@ -103,6 +120,9 @@ def main():
             late = max(0, max(v[0]) - release)
             rows[name].append((last_exit - release, (nxt - last_exit) if nxt else None, release - start, late,
                                release - max(v[0])))
+            for e in sorted(v):
+                if e >= 3 or (e in (1, 2) and len(v) > 3):
+                    phases[name][e].append((max(v[e]) - release, statistics.median(v[e]) - release))
             names.setdefault(name, i)
     if not used:
         counts = collections.Counter(seen)
@@ -122,6 +142,15 @@ def main():
         total += count * (busy + (bnd if bnd == bnd else 0))
         print(f"{name:10s} {busy:7.2f} {bnd:9.2f} {early:7.2f} {late:7.2f} {ready:7.2f}")
     print(f"a step: ~{total:.1f} us of busy + boundary time")
+    if phases:
+        print("\nphases, us after the kernel's release: last block / median block (p0.. the kernel's own stamps)")
+        for name in sorted(phases, key=lambda k: names[k]):
+            cols = []
+            for e in sorted(phases[name]):
+                last = statistics.median(x[0] for x in phases[name][e]) / 1e3
+                med = statistics.median(x[1] for x in phases[name][e]) / 1e3
+                cols.append(f"{ {1: 'released', 2: 'exit'}.get(e, 'p%d' % (e - 3))} {last:6.2f} /{med:6.2f}")
+            print(f"{name:10s} " + "  ".join(cols))
 
 
 if __name__ == "__main__":
