@@ -8,8 +8,9 @@
 //   inbox    K split (ks > 1): the cluster's partial sums of this block's CW = 64 / ks columns, fp32,
 //            [RB rows][ks ranks x CW columns], each rank's pushed there by that rank
 //   lnsm     a mode with a LayerNorm: its row statistics, lnsm_row(mode) RB floats
-//   barriers one for all of W (before the wait), one per x slice (each thread waits on the slice
-//            it multiplies next, so the MMAs start while later slices are still in flight)
+//   barriers one for all of W (before the wait), one for all of x (after it): each is one copy of
+//            all the block's slices (tma.cuh's tensor_map_slices), which lands x sooner than a copy
+//            a slice with the MMAs started as each landed (docs/PERF.md, "Session 25")
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +63,7 @@ constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) /
 constexpr size_t smem_bytes(int K, int rb, int ks, Mode mode = ROWS_PLAIN) {
     const size_t slices = part_slices(K, ks);
     return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
-           (size_t)rb * lnsm_row(mode) * sizeof(float) + (1 + slices) * sizeof(uint64_t);
+           (size_t)rb * lnsm_row(mode) * sizeof(float) + 2 * sizeof(uint64_t);
 }
 
 // Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
@@ -267,13 +268,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     pdl_launch_dependents();
     constexpr bool clustered = split || MODE == ROWS_LN;
     if constexpr (clustered) cluster_arrive_relaxed();  // "started": before any block stores into another
-    if (tid == 0) {
+    if (tid == 0) {  // a box is `per` slices from s0, those past K read as zeros (and counted)
         mbar_init(w_full, 1);
-        for (int s = 0; s < slices; s++) mbar_init(&x_full[s], 1);
+        mbar_init(x_full, 1);
         mbar_fence_init();
         tma_prefetch_map(&w_map), tma_prefetch_map(&x_map);
-        mbar_arrive_expect_tx(w_full, slices * W_SLICE);  // the weights: nothing earlier in the step writes them
-        for (int s = 0; s < slices; s++) tma_load(w_tiles + (size_t)s * W_SLICE, &w_map, (s0 + s) * BK, f0, w_full);
+        mbar_arrive_expect_tx(w_full, slices ? per * W_SLICE : 0);  // nothing earlier in the step writes W
+        if (slices) tma_load_slices(w_tiles, &w_map, s0, f0, w_full);
     }
     // The values this thread finishes, the i-th at (row_of(i), col_of(i)).
     const int fa = f0 + 16 * warp + lane / 4;
@@ -295,11 +296,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
-    if (tid == 0)
-        for (int s = 0; s < slices; s++) {
-            mbar_arrive_expect_tx(&x_full[s], RB * BK * 2);
-            tma_load(x_tiles + (size_t)s * RB * BK * 2, &x_map, (s0 + s) * BK, r0, &x_full[s]);
-        }
+    if (tid == 0) {
+        mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
+        if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
+    }
     // The residual's old values and the rows' shifts, read while x lands (after the wait: earlier
     // kernels of the step write them); the folded LayerNorm's row statistics.
     float res[NV], shift[NV];
@@ -317,8 +317,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     mbar_wait(w_full, 0);
-    for (int s = 0; s < slices; s++) {  // each slice's MMAs a group, issued as the slice lands
-        mbar_wait(&x_full[s], 0);
+    trace_mark(TRACE_PHASE + 0);  // TRACE=1 builds (kernel_trace.cuh): W has landed
+    mbar_wait(x_full, 0);
+    trace_mark(TRACE_PHASE + 1);  // x has landed
+    for (int s = 0; s < slices; s++) {  // each slice's MMAs a group
         wgmma_slice_ss<RB>(acc, w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
         wgmma_hold(acc);
     }
@@ -326,6 +328,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         fold_finish<RB, THREADS, FOLD_PAIRS>(fold_stats, fold, LnSmem::at<RB>(lnsm).row, r0, M, K, tid);
     wgmma_wait<0>();
     wgmma_hold(acc);
+    trace_mark(TRACE_PHASE + 2);  // the MMAs are done
     if constexpr (MODE == ROWS_FOLDED) __syncthreads();  // the rows' statistics are in lnsm
 
     if constexpr (clustered) cluster_wait();  // every block of the cluster has started
@@ -342,6 +345,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         cluster_arrive();  // release: the pushes are visible after the wait
         cluster_wait();
     }
+    trace_mark(TRACE_PHASE + 3);  // the epilogue starts (K split: the partial sums have arrived)
     float fin[NV];  // the new rows' values (0 past M), for the LayerNorms
 #pragma unroll
     for (int i = 0; i < NV; i++) {
@@ -390,7 +394,9 @@ template <int RB, int EPI, int KS, Mode MODE> cudaError_t allow(size_t smem) {
 template <int RB, int EPI, int KS, Mode MODE = ROWS_PLAIN>
 cudaError_t launch(const Out &out, const void *x, const void *W, int M, int N, int K, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
-    if (!tensor_map(&x_map, x, M, K, K, RB) || !tensor_map(&w_map, W, N, K, K, BF)) return cudaErrorInvalidValue;
+    const int per = part_slices(K, KS);
+    if (!tensor_map_slices(&x_map, x, M, K, K, RB, per) || !tensor_map_slices(&w_map, W, N, K, K, BF, per))
+        return cudaErrorInvalidValue;
     const size_t smem = smem_bytes(K, RB, KS, MODE);
     const cudaError_t e = allow<RB, EPI, KS, MODE>(smem);
     if (e != cudaSuccess) return e;
@@ -512,7 +518,7 @@ static bool wave_rule(int M, int N, int rb, int ks) {
 }
 
 extern "C" int gemm_rows_takes(int M, int N, int K) {
-    if (!gemm_rows_available() || M < 0 || M > 64 || N <= 0 || K <= 0 || K % 8) return 0;
+    if (!gemm_rows_available() || M < 0 || M > 64 || N <= 0 || K <= 0 || K % BK) return 0;
     const int rb = pick_rows(M, K), ks = pick_split(K, rb);
     return fits(K, rb, ks) && wave_rule(M, N, rb, ks);
 }
@@ -524,7 +530,7 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
         (ks && ks != 1 && ks != 2 && ks != 4 && ks != 8))
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, K);
-    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16)
+    if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16)
         return cudaErrorNotSupported;
     if (!ks) ks = pick_split(K, rb);
     if (!fits(K, rb, ks)) return cudaErrorNotSupported;
@@ -547,7 +553,7 @@ extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long l
 extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
     static int off = -1;  // GPT2_ROWS_LN=0
     if (off < 0) off = getenv("GPT2_ROWS_LN") && strcmp(getenv("GPT2_ROWS_LN"), "0") == 0;
-    return !off && gemm_rows_available() && M >= 0 && M <= 64 && N > 0 && K > 0 && K % 8 == 0 &&
+    return !off && gemm_rows_available() && M >= 0 && M <= 64 && N > 0 && K > 0 && K % BK == 0 &&
            ln_fits(N, K, pick_rows(M, K));
 }
 
@@ -558,7 +564,7 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
         (rb && rb != 16 && rb != 32 && rb != 64))
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, K);
-    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 || !ln_fits(N, K, rb))
+    if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 || !ln_fits(N, K, rb))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     Out out = {};
@@ -613,7 +619,7 @@ extern "C" cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, K);
     const int ks = pick_split(K, rb, ROWS_FOLDED);
-    if (!gemm_rows_available() || M > 64 || K % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
+    if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
         (uintptr_t)stats % 8 || !fits(K, rb, ks, ROWS_FOLDED))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;

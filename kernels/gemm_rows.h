@@ -7,9 +7,9 @@
 // what matters is what happens after the wait for the previous kernel, not the arithmetic:
 //   - a block owns 64 output columns (W rows) and all K, and loads that W tile into shared memory
 //     by TMA *before* pdl_wait(): the weights stream in while the previous kernel finishes;
-//   - after the wait only its rows of x arrive, RB of them (16 or 32; grid.y covers M), by TMA in
-//     64-wide K slices (sharing them across a cluster by multicast was slower: docs/PERF.md);
-//   - one warpgroup multiplies as each K slice lands: wgmma with W's 64 columns as the 64-row A
+//   - after the wait only its rows of x arrive, RB of them (16 or 32; grid.y covers M), as 64-wide
+//     K slices in one TMA copy (sharing them across a cluster by multicast was slower: docs/PERF.md);
+//   - one warpgroup multiplies them slice by slice: wgmma with W's 64 columns as the 64-row A
 //     operand and x's rows as the N side ("swap AB": a decode batch of 8-64 rows is a legal wgmma N,
 //     where as the M side it would pad to 64), so D is y's tile transposed;
 //   - where the W tile would not fit (the MLP projection's K = 3072), K splits over the 2-8 blocks
@@ -19,9 +19,9 @@
 // Measured against LayerNorm + cuBLASLt and the other fused kernels in docs/PERF.md, "Session 21"
 // and "Session 22".
 //
-// Shapes: 0 <= M <= 64, K % 8 == 0 (TMA's 16-byte row stride) and K small enough that an eighth of
-// the W tile and x's rows fit in shared memory (gemm_rows_takes: to K = 6656 at 64 rows on an H100
-// or H200, so every GPT-2 size's layer products); x and W 16-byte aligned.
+// Shapes: 0 <= M <= 64, K a multiple of 64 (whole slices; every GPT-2 size's K is) and small enough
+// that an eighth of the W tile and x's rows fit in shared memory (gemm_rows_takes: to K = 6656 at 64
+// rows on an H100 or H200, so every GPT-2 size's layer products); x and W 16-byte aligned.
 // y, ldy, bias as matmul_lt's: y fp32 for NONE and BIAS_RESIDUAL (bias fp32), else bf16 (bias bf16).
 // All pointers are device memory; nothing is allocated per call (the tensor maps are kernel
 // parameters), so calls can be captured in a CUDA graph.

@@ -58,6 +58,13 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int 
              "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
              : "memory");
 }
+// The box of a slice map (tensor_map_slices) at slice `slice`, row `row`: its slices one after another.
+__device__ __forceinline__ void tma_load_slices(void *dst, const CUtensorMap *map, int slice, int row, uint64_t *bar) {
+    SM90_ASM("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+                 "r"(smem_addr(dst)),
+             "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(slice), "r"(smem_addr(bar))
+             : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     SM90_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -93,4 +100,21 @@ static inline bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, 
     return encode && encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The same matrix, K a multiple of 64, as K / 64 slices of 64 columns: one box holds box_slices
+// slices of box_rows rows, slice after slice (each box_rows x 128 bytes, swizzled as tensor_map's
+// boxes), so one copy brings what would take box_slices of tensor_map's. The copy engine takes
+// ~55 cycles to issue a box and ~40 more to serve it: x's 12 slices after the wait landed in ~0.62
+// us as 12 boxes and ~0.39-0.45 us as one (docs/PERF.md, "Session 25"). Slices past K/64 and rows
+// past `rows` read as zeros.
+static inline bool tensor_map_slices(CUtensorMap *map, const void *p, int rows, int K, long long ld, int box_rows,
+                                     int box_slices) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+    const cuuint64_t dims[3] = {64, (cuuint64_t)rows, (cuuint64_t)(K / 64)}, strides[2] = {(cuuint64_t)ld * 2, 128};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_slices}, elem_strides[3] = {1, 1, 1};
+    return encode && K % 64 == 0 && box_slices >= 1 && box_slices <= 256 &&
+           encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(p), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

@@ -460,8 +460,8 @@ static void test_bad_args(void) {
 // gemm_rows (kernels/gemm_rows.h): the same products of up to 64 rows on Hopper
 
 // Every row tile and split of K at batched-decode row counts (a row block partly past M, one row, a
-// multiple of 8 and not), GPT-2's layer products, a K whose last slice is partial and an N whose last
-// column block is, a K with fewer slices than a cluster has blocks, a misaligned output; the logits'
+// multiple of 8 and not), GPT-2's layer products, an N whose last column block is partial, a K with
+// fewer slices than a cluster has blocks, a misaligned output; the logits'
 // width once; a graph replay; and the MLP's two products chained in a graph by PDL, the second
 // reading what the first wrote.
 static void test_rows(void) {
@@ -473,9 +473,9 @@ static void test_rows(void) {
         {MATMUL_LT_BIAS_RESIDUAL, 768, 768},  // attention projection
         {MATMUL_LT_BIAS_GELU, 3072, 768},     // fc
         {MATMUL_LT_BIAS_RESIDUAL, 768, 3072}, // MLP projection: its part of K fits from 4 blocks on
-        {MATMUL_LT_BIAS, 1000, 104},
-        {MATMUL_LT_NONE, 200, 72},
-        {MATMUL_LT_BIAS_RESIDUAL, 72, 136},   // 3 slices: blocks with none past a split of 2
+        {MATMUL_LT_BIAS, 1000, 128},
+        {MATMUL_LT_NONE, 200, 64},            // 1 slice: blocks with none past a split of 1
+        {MATMUL_LT_BIAS_RESIDUAL, 72, 192},   // 3 slices: blocks with none past a split of 2
     };
     const int Ms[] = {1, 5, 8, 17, 32, 33, 64}, rbs[] = {16, 32, 64}, kss[] = {1, 2, 4, 8};
     for (int ri = 0; ri < 3; ri++)
@@ -491,7 +491,7 @@ static void test_rows(void) {
                 }
         }
     rows_rb = 32, rows_ks = 0;
-    Case misaligned = {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 24, 1000, 104, 0, 16, 3};  // y rows 1003 apart
+    Case misaligned = {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 24, 1000, 128, 0, 16, 3};  // y rows 1003 apart
     run_case(&misaligned, "");
     if (!small) {
         Case logits = {MATMUL_LT_NONE, DTYPE_BF16, 9, 50257, 768, 1, 0, 47};
@@ -501,13 +501,13 @@ static void test_rows(void) {
     rows_ks = 4;
     test_graph((Case){MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 64, 768, 3072, 0, 0, 0});
 
-    // What gemm_rows refuses: K % 8, a K whose eighth does not fit, a split whose part does not (the
-    // MLP projection's K whole), a split that is not a power of two to 8, more than 64 rows, a
-    // misaligned x, no bias; nothing is launched.
+    // What gemm_rows refuses: K not a multiple of 64 (its copies bring whole 64-column slices), a K
+    // whose eighth does not fit, a split whose part does not (the MLP projection's K whole), a split
+    // that is not a power of two to 8, more than 64 rows, a misaligned x, no bias; nothing is launched.
     void *base;
     uint16_t *d = dev_buf(1 << 20, 0, &base);
     const cudaError_t e[7] = {
-        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 100, stream),
+        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 104, stream),
         gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 16384, stream),
         gemm_rows_ex(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 3072, 16, 1, stream),
         gemm_rows_ex(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 768, 16, 3, stream),
@@ -517,7 +517,8 @@ static void test_rows(void) {
     };
     CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
               e[3] == cudaErrorInvalidValue && e[4] == cudaErrorNotSupported && e[5] == cudaErrorNotSupported &&
-              e[6] == cudaErrorInvalidValue && !gemm_rows_takes(8, 64, 16384) && gemm_rows_takes(64, 768, 3072),
+              e[6] == cudaErrorInvalidValue && !gemm_rows_takes(8, 64, 16384) && !gemm_rows_takes(8, 64, 104) &&
+              gemm_rows_takes(64, 768, 3072),
           "gemm_rows refuses what it cannot run", "got %d %d %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4], e[5],
           e[6]);
     cudaFree(base);
@@ -617,7 +618,7 @@ static void test_rows_ln(void) {
         int M, N, K, rb, rows;  // rows: 0 plain, 1 offset (mean 1000, spread ~1), 2 one channel of 500
     } cases[] = {
         {64, 768, 768, 32, 0}, {33, 768, 768, 32, 1}, {17, 768, 768, 16, 2}, {5, 768, 768, 16, 1},
-        {64, 768, 768, 64, 2}, {40, 1024, 768, 32, 0}, {9, 128, 136, 16, 1}, {24, 64, 72, 64, 2},
+        {64, 768, 768, 64, 2}, {40, 1024, 768, 32, 0}, {9, 128, 192, 16, 1}, {24, 64, 64, 64, 2},
         {1, 768, 768, 0, 0}, {48, 768, 768, 0, 1},
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
