@@ -60,8 +60,8 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int 
 }
 // The box of a slice map (tensor_map_slices) at slice `slice`, row `row`: its slices one after another.
 __device__ __forceinline__ void tma_load_slices(void *dst, const CUtensorMap *map, int slice, int row, uint64_t *bar) {
-    SM90_ASM("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
-                 "r"(smem_addr(dst)),
+    SM90_ASM("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+             " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
              "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(slice), "r"(smem_addr(bar))
              : "memory");
 }
