@@ -92,6 +92,10 @@ typedef struct {
     // so it is read from this device int instead of pos; NULL otherwise. Only tables that set
     // BlockOps.device_position are captured.
     const int *pos_device;
+    // Greedy decoding's tokens: where the logits op may also write each sequence's token (the first
+    // index of its row's largest logit), setting *greedy_written to 1 when it does, so that the
+    // sampler need not run; NULL: the op writes only the logits.
+    int *greedy_next, *greedy_written;
 } GpuStep;
 
 // Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.
@@ -110,7 +114,8 @@ typedef struct {
     int (*mlp_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*mlp_out)(GpuState *s, const GpuStep *st, int l, Error *err);
     // lnf + wte^T into s->logits: rows b*T + t for all positions, or one row b per sequence (its
-    // last token, row b*T + T-1 of x) when !all_positions. Row stride s->logits_ld.
+    // last token, row b*T + T-1 of x) when !all_positions. Row stride s->logits_ld. It may also
+    // write greedy tokens (GpuStep.greedy_next).
     int (*logits)(GpuState *s, const GpuStep *st, int all_positions, Error *err);
 } BlockOps;
 

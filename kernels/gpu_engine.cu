@@ -463,7 +463,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
     if (check_step(s, tokens, B, T, pos, err)) return -1;
-    GpuStep st = {B, T, pos, B * T, NULL};
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
@@ -494,28 +494,33 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 // Decode: one token per sequence, sampled on the device, replayed as a CUDA graph; and the
 // prompt's first new token, sampled on the device after its forward
 
-// The sampler on the B rows of s->logits, with the draws already in the staging area's device
-// copy, and the ids back into its host copy.
-static int enqueue_sample(GpuEngine *g, int B, const Sampler *smp, Error *err) {
+// The device copy of the staging area's sampled ids.
+static int *next_dev(GpuEngine *g) { return g->io_dev + 1 + 2 * g->s.max_batch; }
+
+// The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
+// with the draws already in the staging area's device copy, and the ids back into its host copy.
+static int enqueue_sample(GpuEngine *g, int B, const Sampler *smp, int sampled, Error *err) {
     GpuState *s = &g->s;
-    int mb = s->max_batch, *next = g->io_dev + 1 + 2 * mb;
+    int mb = s->max_batch;
     const float *draws = (const float *)(g->io_dev + 1 + mb);
-    CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws, next,
-                              g->sampling_ws, g->sampling_ws_bytes, s->stream));
-    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost,
+    if (!sampled)
+        CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
+                                  next_dev(g), g->sampling_ws, g->sampling_ws_bytes, s->stream));
+    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next_dev(g), (size_t)B * sizeof(int), cudaMemcpyDeviceToHost,
                              s->stream));
     return 0;
 }
 
 // The step as enqueued work: the staging area in, the model at T = 1, the sampler, the ids out.
+// Greedy decoding offers the logits op the ids (GpuStep.greedy_next).
 static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int in_graph, Error *err) {
     GpuState *s = &g->s;
-    int mb = s->max_batch, unused = 0;
+    int mb = s->max_batch, unused = 0, sampled = 0;
     CUDA_TRY(cudaMemcpyAsync(g->io_dev, g->io_host, (1 + 2 * (size_t)mb) * sizeof(int), cudaMemcpyHostToDevice,
                              s->stream));
-    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL};
+    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? next_dev(g) : NULL, &sampled};
     if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_sample(g, B, smp, err);
+    return enqueue_sample(g, B, smp, sampled, err);
 }
 
 // Captures the decode step for batch B with these sampler settings (replacing an older capture).
@@ -537,12 +542,12 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, Error *err) {
     GpuState *s = &g->s;
     int mb = s->max_batch, unused = 0;
-    GpuStep st = {B, T, pos, B * T, NULL};
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, s->stream));
     CUDA_TRY(cudaMemcpyAsync(g->io_dev + 1 + mb, g->io_host + 1 + mb, (size_t)B * sizeof(float),
                              cudaMemcpyHostToDevice, s->stream));
     if (run_model(g, &st, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_sample(g, B, smp, err);
+    return enqueue_sample(g, B, smp, 0, err);
 }
 
 static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,

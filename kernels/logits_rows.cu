@@ -6,6 +6,7 @@
 //   x_tiles  x's RB rows as K/64 slices of RB rows x 64 k (RB x 128 bytes each), loaded once
 //   ring     STAGES slots of one W slice each: 64 rows x 64 k, 8 KB
 //   rows     the folded LayerNorm's (mean - shift, rstd) of each row
+//   best     greedy: the block's best rank key (rank_key.cuh) of each row, then its ticket
 //   barriers x_full (x landed), full[STAGES] (a slot's slice landed: TMA's bytes), empty[STAGES]
 //            (a slot's slice multiplied: one arrival per multiplying warp)
 // The ring's i-th slice (the block's tiles in order, each tile's K/64 slices in order) goes to slot
@@ -15,11 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda/atomic>
+
 #include "fold_stats.cuh"
 #include "gemm_rows.h"  // gemm_rows_available
 #include "kernel_util.h"
 #include "logits_rows.h"
 #include "pdl.cuh"
+#include "rank_key.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -37,7 +41,58 @@ constexpr int FOLD_PAIRS = 24;                  // slice statistics a thread hol
 constexpr size_t smem_bytes(int K, int rb, int stages) {
     const size_t slices = (K + BK - 1) / BK;
     return 1024 + slices * rb * BK * 2 + (size_t)stages * W_SLICE + rb * sizeof(float2) +
-           (1 + 2 * (size_t)stages) * sizeof(uint64_t);
+           (rb + 1 + 1 + 2 * (size_t)stages) * sizeof(uint64_t);
+}
+
+// ----------------------------------------------------------------------------
+// Greedy decoding's pick (logits_rows.h's LogitsGreedy)
+//
+// Each multiplying thread keeps the largest logit of each of its 2 J rows over the block's tiles and
+// its first column (best[j][e & 1] for row 8 j + 2 (lane % 4) + (e & 1): one float compare a
+// value, as a thread meets a row's columns in increasing order). At the end, as rank keys
+// (rank_key.cuh), the 8 lanes that share a row meet by shuffles, the 4 warps in shared memory, and
+// one thread a row folds the block's best into the row's global best with a 64-bit atomic max; the
+// last block to take a ticket then writes each row's id and sets best and the ticket back to zero
+// (sampling.cu's last_to_arrive pattern: the warpgroup's barrier orders every thread's atomics
+// before thread 0's acq_rel increment). Called by the 128 multiplying threads (the producer warp
+// has returned), so its barriers are named.
+struct RowBest {
+    float logit;
+    int id;  // -1: none yet
+};
+
+template <int J>
+__device__ void greedy_finish(const RowBest (&best)[J][2], const LogitsGreedy &greedy, unsigned long long *row_best,
+                              int M, int tid) {
+    constexpr int RB = 8 * J;
+    const int lane = tid % 32;
+    for (int r = tid; r < RB; r += MMA_THREADS) row_best[r] = 0ull;
+    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            const RowBest r = best[j][p];
+            unsigned long long b = r.id < 0 ? 0ull : rank_key(float_key(r.logit), r.id);
+#pragma unroll
+            for (int o = 4; o < 32; o *= 2) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+            if (lane < 4 && b) atomicMax(&row_best[8 * j + 2 * lane + p], b);
+        }
+    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
+    for (int t = tid; t < M; t += MMA_THREADS) atomicMax(&greedy.best[t], row_best[t]);
+    unsigned *ticket = reinterpret_cast<unsigned *>(row_best + RB);
+    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
+    if (tid == 0)
+        *ticket = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*greedy.ticket)
+                      .fetch_add(1u, cuda::memory_order_acq_rel);
+    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
+    if (*ticket != gridDim.x - 1) return;
+    for (int t = tid; t < M; t += MMA_THREADS) {
+        const unsigned long long b = __ldcg(&greedy.best[t]);
+        greedy.next[t] = b ? rank_id(b) : 0;  // none: every logit -inf or NaN
+        greedy.best[t] = 0ull;
+    }
+    if (tid == 0) *greedy.ticket = 0u;
 }
 
 // ----------------------------------------------------------------------------
@@ -51,7 +106,7 @@ constexpr size_t smem_bytes(int K, int rb, int stages) {
 template <int RB, int STAGES, bool FOLD>
 __global__ void __launch_bounds__(THREADS, 1)
     logits_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, float *y,
-                  long long ldy, LogitsFold fold, int M, int N, int K) {
+                  long long ldy, LogitsFold fold, LogitsGreedy greedy, int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr int J = RB / 8;
     extern __shared__ unsigned char smem_raw[];
@@ -61,7 +116,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int items = my_tiles * slices;  // the ring's slices, over the block's tiles
     unsigned char *x_tiles = smem, *ring = smem + (size_t)slices * RB * BK * 2;
     float2 *rows = reinterpret_cast<float2 *>(ring + (size_t)STAGES * W_SLICE);
-    uint64_t *x_full = reinterpret_cast<uint64_t *>(rows + RB), *full = x_full + 1, *empty = full + STAGES;
+    unsigned long long *row_best = reinterpret_cast<unsigned long long *>(rows + RB);  // [RB], then the ticket
+    uint64_t *x_full = reinterpret_cast<uint64_t *>(row_best + RB + 1), *full = x_full + 1, *empty = full + STAGES;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
     pdl_launch_dependents();
@@ -99,6 +155,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     FoldLoad<FOLD_PAIRS> fold_pairs;
     if constexpr (FOLD) fold_pairs = fold_load<RB, MMA_THREADS, FOLD_PAIRS>(fold_stats, 0, M, tid);
     float2 row_fold[J][2];  // rows 8 j + 2 (lane % 4) and the next
+    RowBest best[J][2];  // greedy: the largest logit of the same rows, and its column
+#pragma unroll
+    for (int j = 0; j < J; j++) best[j][0] = best[j][1] = RowBest{-INFINITY, -1};
     mbar_wait(x_full, 0);
     const int fa_in_tile = 16 * warp + lane / 4;
     for (int i = 0, n = 0; n < my_tiles; n++) {
@@ -142,8 +201,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 float v = acc[j][e];
                 if constexpr (FOLD) v = row_fold[j][e & 1].y * (v - row_fold[j][e & 1].x * fs[h]) + fb[h];
                 y[t * ldy + f] = v;
+                if (greedy.next && v > best[j][e & 1].logit) best[j][e & 1] = RowBest{v, f};
             }
     }
+    if (greedy.next) greedy_finish<J>(best, greedy, row_best, M, tid);
 }
 
 // ----------------------------------------------------------------------------
@@ -162,7 +223,7 @@ int pick_stages(int K, int rb) {
 
 template <int RB, int STAGES, bool FOLD>
 cudaError_t launch(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
-                   const LogitsFold &fold, cudaStream_t stream) {
+                   const LogitsFold &fold, const LogitsGreedy &greedy, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
     if (!tensor_map(&x_map, x, M, K, ldx, RB) || !tensor_map(&w_map, W, N, K, K, BF)) return cudaErrorInvalidValue;
     const size_t smem = smem_bytes(K, RB, STAGES);
@@ -175,26 +236,26 @@ cudaError_t launch(float *y, long long ldy, const void *x, long long ldx, const 
     }
     const int tiles = (N + BF - 1) / BF, sms = device_attr<cudaDevAttrMultiProcessorCount>(1);
     return launch_pdl(logits_kernel<RB, STAGES, FOLD>, dim3(tiles < sms ? tiles : sms), dim3(THREADS), smem, stream,
-                      x_map, w_map, y, ldy, fold, M, N, K);
+                      x_map, w_map, y, ldy, fold, greedy, M, N, K);
 }
 
 template <int RB, bool FOLD>
 cudaError_t launch_stages(int stages, float *y, long long ldy, const void *x, long long ldx, const void *W, int M,
-                          int N, int K, const LogitsFold &fold, cudaStream_t stream) {
+                          int N, int K, const LogitsFold &fold, const LogitsGreedy &greedy, cudaStream_t stream) {
     switch (stages) {
-    case 4: return launch<RB, 4, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, stream);
-    case 8: return launch<RB, 8, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, stream);
-    default: return launch<RB, 16, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, stream);
+    case 4: return launch<RB, 4, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
+    case 8: return launch<RB, 8, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
+    default: return launch<RB, 16, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
     }
 }
 
 template <bool FOLD>
 cudaError_t launch_rows(int rb, int stages, float *y, long long ldy, const void *x, long long ldx, const void *W,
-                        int M, int N, int K, const LogitsFold &fold, cudaStream_t stream) {
+                        int M, int N, int K, const LogitsFold &fold, const LogitsGreedy &greedy, cudaStream_t stream) {
     switch (rb) {
-    case 16: return launch_stages<16, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, stream);
-    case 32: return launch_stages<32, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, stream);
-    default: return launch_stages<64, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, stream);
+    case 16: return launch_stages<16, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
+    case 32: return launch_stages<32, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
+    default: return launch_stages<64, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
     }
 }
 
@@ -208,15 +269,18 @@ extern "C" int logits_rows_takes(int M, int K) {
 }
 
 extern "C" cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N,
-                                   int K, const LogitsFold *fold, cudaStream_t stream) {
+                                   int K, const LogitsFold *fold, const LogitsGreedy *greedy, cudaStream_t stream) {
     if (M < 1 || N <= 0 || K <= 0 || ldy < N || ldx < K || !y || !x || !W ||
-        (fold && (!fold->s || !fold->bias || !fold->stats || !fold->shift || fold->slices <= 0 || K % fold->slices)))
+        (fold && (!fold->s || !fold->bias || !fold->stats || !fold->shift || fold->slices <= 0 || K % fold->slices)) ||
+        (greedy && (!greedy->next || !greedy->best || !greedy->ticket)))
         return cudaErrorInvalidValue;
     if (!logits_rows_takes(M, K) || ldx % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
-        (fold && (uintptr_t)fold->stats % 8))
+        (fold && (uintptr_t)fold->stats % 8) || (greedy && (uintptr_t)greedy->best % 8))
         return cudaErrorNotSupported;
     const int rb = pick_rows(M), stages = pick_stages(K, rb);
-    const LogitsFold none = {};
-    return fold ? launch_rows<true>(rb, stages, y, ldy, x, ldx, W, M, N, K, *fold, stream)
-                : launch_rows<false>(rb, stages, y, ldy, x, ldx, W, M, N, K, none, stream);
+    const LogitsFold no_fold = {};
+    const LogitsGreedy no_greedy = {};
+    const LogitsGreedy &g = greedy ? *greedy : no_greedy;
+    return fold ? launch_rows<true>(rb, stages, y, ldy, x, ldx, W, M, N, K, *fold, g, stream)
+                : launch_rows<false>(rb, stages, y, ldy, x, ldx, W, M, N, K, no_fold, g, stream);
 }

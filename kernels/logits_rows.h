@@ -43,15 +43,28 @@ typedef struct {
     int slices;
 } LogitsFold;
 
+// Greedy decoding's pick, taken as the logits are written so that no sampler kernel runs after
+// them: next[t] = the first index of row t's largest logit (sampling.h's greedy choice). Each block
+// folds its rows' best into best[t] (one 64-bit atomic max of a rank key a row), and the last block
+// to finish (ticket) turns them into ids. best [M] and ticket must be zero before a call and are
+// left zero after it, so one zeroed workspace serves every call and graph replay; one call at a
+// time per workspace.
+typedef struct {
+    int *next;                 // [M]
+    unsigned long long *best;  // [M]
+    unsigned *ticket;
+} LogitsGreedy;
+
 // 1 when logits_rows runs M rows of K on the current device (gemm_rows_available(), the shapes
 // above); GPT2_LOGITS_ROWS=0 turns it off (to compare routes).
 int logits_rows_takes(int M, int K);
 
-// y = x W^T (fold NULL) or the folded LayerNorm's product (fold set). Returns cudaSuccess,
-// cudaErrorNotSupported (a shape or device it does not take; nothing launched) or
-// cudaErrorInvalidValue (a bad argument; nothing launched), else the launch's error.
+// y = x W^T (fold NULL) or the folded LayerNorm's product (fold set), and with greedy set each
+// row's greedy token too. Returns cudaSuccess, cudaErrorNotSupported (a shape or device it does not
+// take; nothing launched) or cudaErrorInvalidValue (a bad argument; nothing launched), else the
+// launch's error.
 cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
-                        const LogitsFold *fold, cudaStream_t stream);
+                        const LogitsFold *fold, const LogitsGreedy *greedy, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -33,7 +33,8 @@
 //              also writes ln1's shifted input and row statistics (gemm_rows_residual_stats)
 //   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart:
 //              logits_rows (bf16 on Hopper, to 64 rows), else cuBLASLt; in batched decode where the
-//              last mlp_out wrote lnf's statistics, logits_rows with lnf folded in and no LayerNorm
+//              last mlp_out wrote lnf's statistics, logits_rows with lnf folded in and no LayerNorm;
+//              logits_rows also takes greedy decoding's tokens (no sampler kernel after it)
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -126,26 +127,32 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 }
 
 // The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
-// partials and split counters, then for ln1 folded into qkv (64 rows at most: gemm_rows's) each
+// partials and split counters; greedy decoding's row bests and ticket in logits_rows (GREEDY_ROWS at
+// most, left zero by every call); then for ln1 folded into qkv (64 rows at most: gemm_rows's) each
 // row's shift and its statistics in slices of at least 8 columns.
-enum { FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
+// logits_rows takes greedy decoding's pick to 32 rows: there it saves 1.8-2.9 us of the logits and
+// the sampler's kernel (bench_fused_linear --logits), B = 2-32 +0.5-1.1% in the engine; at 48 rows
+// it saves nothing and at 64 the step lost 1.6% (docs/PERF.md, "Session 27").
+enum { GREEDY_ROWS = 32, FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
 typedef struct {
-    size_t attention;  // bytes
-    float *shift;      // [FOLD_ROWS]
-    float *stats;      // [FOLD_ROWS, C / FOLD_MIN_SLICE] (mean, M2) pairs
+    size_t attention;                 // bytes
+    unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
+    float *shift;                     // [FOLD_ROWS]
+    float *stats;                     // [FOLD_ROWS, C / FOLD_MIN_SLICE] (mean, M2) pairs
 } FusedWorkspace;
 
 static FusedWorkspace fused_workspace(const GpuState *s) {
     FusedWorkspace w;
     w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
-    char *base = (char *)s->workspace;
-    w.shift = base ? (float *)(base + w.attention) : NULL;
-    w.stats = base ? (float *)(base + w.attention + align256(FOLD_ROWS * sizeof(float))) : NULL;
+    char *greedy = (char *)s->workspace + w.attention, *shift = greedy + align256((GREEDY_ROWS + 1) * 8);
+    w.greedy_best = s->workspace ? (unsigned long long *)greedy : NULL;
+    w.shift = s->workspace ? (float *)shift : NULL;
+    w.stats = s->workspace ? (float *)(shift + align256(FOLD_ROWS * sizeof(float))) : NULL;
     return w;
 }
 
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_workspace(s).attention + align256(FOLD_ROWS * sizeof(float)) +
+    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) + align256(FOLD_ROWS * sizeof(float)) +
            (size_t)FOLD_ROWS * (s->C / FOLD_MIN_SLICE) * 2 * sizeof(float);
 }
 
@@ -286,13 +293,25 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     return 0;
 }
 
+// logits_rows's greedy pick (logits_rows.h) where the step asks for it: each sequence's token, so that
+// no sampler kernel runs after the logits.
+static const LogitsGreedy *logits_greedy(const GpuState *s, const GpuStep *st, int all_positions, LogitsGreedy *g) {
+    if (!st->greedy_next || all_positions || st->B > GREEDY_ROWS) return NULL;
+    const FusedWorkspace w = fused_workspace(s);
+    *g = (LogitsGreedy){st->greedy_next, w.greedy_best, (unsigned *)(w.greedy_best + GREEDY_ROWS)};
+    *st->greedy_written = 1;
+    return g;
+}
+
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
     const int folded = mlp_out_feeds_ln(s, st, s->L - 1);
+    LogitsGreedy greedy;
     if (folded) {  // the last mlp_out wrote bf16(lnfw (x - shift)) and the statistics
         const FusedWorkspace w = fused_workspace(s);
         const LogitsFold fold = {s->lnf_s, s->lnf_b, w.stats, w.shift, folded};
-        CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, &fold, s->stream));
+        CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, &fold,
+                             logits_greedy(s, st, all_positions, &greedy), s->stream));
         return 0;
     }
     // Past the fused rows the LayerNorm kernel gathers the rows (all, or each sequence's last).
@@ -300,7 +319,8 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
                                    all_positions ? 0 : st->T - 1, s->dtype, s->stream));
         if (logits_take_rows(s, rows)) {
-            CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, NULL, s->stream));
+            CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, NULL,
+                                 logits_greedy(s, st, all_positions, &greedy), s->stream));
             return 0;
         }
         // All logits_ld columns (wte's padding rows are zero): with N = V = 50257 cuBLASLt falls back

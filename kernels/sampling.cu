@@ -39,6 +39,7 @@
 #include <cmath>
 
 #include "pdl.cuh"
+#include "rank_key.cuh"
 #include "sampling.h"
 
 namespace {
@@ -57,18 +58,7 @@ static_assert(kMaxChunk <= kMaxPerThread * kThreads && kMaxCandidates <= kMaxPer
               "a chunk and the merge's candidates fit the threads' registers");
 
 // ----------------------------------------------------------------------------
-// Keys and the end of a block's share
-
-// Order-preserving map of a float to uint32: larger float -> larger key. -0 becomes +0 first, so
-// equal logits have equal keys (the host compares floats).
-__device__ __forceinline__ unsigned float_key(float f) {
-    const unsigned u = __float_as_uint(f + 0.0f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_float(unsigned key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
+// The end of a block's share (keys: rank_key.cuh)
 
 // Called by every thread once its writes to the row's workspace are done. True in the last of the
 // row's `splits` blocks to arrive, which then sees all their writes (read them with __ldcg); that
@@ -144,14 +134,7 @@ __global__ void __launch_bounds__(kThreads)
 // ----------------------------------------------------------------------------
 // Top-k: radix select over rank keys held in registers
 
-// A candidate's rank key: the logit's key above, the complement of its id below. Larger means
-// earlier in (logit desc, id asc), the host's order for equal probabilities, and no two candidates
-// share a rank key, so every selection is exact and ties need no separate pass.
-__device__ __forceinline__ unsigned long long rank_key(unsigned key, int id) {
-    return (unsigned long long)key << 32 | (0xffffffffu - (unsigned)id);
-}
-__device__ __forceinline__ unsigned rank_logit_key(unsigned long long rk) { return (unsigned)(rk >> 32); }
-__device__ __forceinline__ int rank_id(unsigned long long rk) { return (int)(0xffffffffu - (unsigned)rk); }
+// Candidates are rank keys (rank_key.cuh).
 
 // The selected rank keys: those whose bits under mask are at least prefix.
 struct Selection {

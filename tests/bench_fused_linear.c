@@ -40,6 +40,7 @@
 #include "linear_residual.h"
 #include "logits_rows.h"
 #include "matmul_lt.h"
+#include "sampling.h"
 #include "unfused_baseline.h"
 
 #define CK(call)                                                                                      \
@@ -677,14 +678,20 @@ static void bench_rows_ln1(int M) {
 // before logits_rows (the LayerNorm kernel, then cuBLASLt over the padded width: wte's padding rows
 // are zero) against the LayerNorm kernel + logits_rows, and logits_rows with lnf folded in (x =
 // bf16(gamma x0) and x0's 16-column slice statistics, as the last MLP projection writes them; shift
-// 0); each product alone, and logits_rows's rate of reading W. Validated against the cuBLASLt route
-// first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2 folded).
+// 0); each product alone, and logits_rows's rate of reading W. Greedy decoding's pick: the folded
+// route then the device sampler's greedy kernel (sampling.h) against logits_rows taking the pick
+// itself (LogitsGreedy). Validated against the cuBLASLt route first (rel_l2 <= 1e-5 from the same
+// LayerNorm output, 1e-2 folded), and the two picks against each other (the same ids).
 typedef struct {
     int M, C, V, ld, nsets;
     void **W, **unused;   // [nsets] bf16 W [ld, C], rows past V zero
     float *x0, *gamma, *beta, *y;
     void *ln, *xf;        // bf16 [M, C]: LayerNorm(x0); gamma x0 (the folded route's input)
     LogitsFold fold;
+    int *next;            // [M] the picks
+    LogitsGreedy greedy;  // its workspace zeroed
+    void *sampling_ws;    // the device sampler's, zeroed
+    size_t sampling_ws_bytes;
 } LogitsBench;
 
 static void enqueue_logits_lt_alone(void *p, int set) {
@@ -698,7 +705,7 @@ static void enqueue_logits_lt(void *p, int set) {
 }
 static void enqueue_logits_rows_alone(void *p, int set) {
     LogitsBench *b = p;
-    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, NULL, stream));
+    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, NULL, NULL, stream));
 }
 static void enqueue_logits_rows(void *p, int set) {
     LogitsBench *b = p;
@@ -707,7 +714,17 @@ static void enqueue_logits_rows(void *p, int set) {
 }
 static void enqueue_logits_folded(void *p, int set) {
     LogitsBench *b = p;
-    CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, stream));
+    CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, NULL, stream));
+}
+static void enqueue_logits_folded_sampler(void *p, int set) {
+    LogitsBench *b = p;
+    enqueue_logits_folded(p, set);
+    CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, b->sampling_ws, b->sampling_ws_bytes,
+                        stream));
+}
+static void enqueue_logits_folded_greedy(void *p, int set) {
+    LogitsBench *b = p;
+    CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, &b->greedy, stream));
 }
 
 static void bench_logits(int M) {
@@ -750,6 +767,13 @@ static void bench_logits(int M) {
                           upload_w(hst, (size_t)M * slices * 2, DTYPE_F32), upload_w(zeros, M, DTYPE_F32), slices};
     CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
     CK(cudaMalloc((void **)&b.y, (size_t)M * ld * 4));
+    b.sampling_ws_bytes = sampling_workspace_size(M, V);
+    CK(cudaMalloc(&b.sampling_ws, b.sampling_ws_bytes));
+    CK(cudaMalloc((void **)&b.next, (size_t)M * 4 + (M + 1) * 8));
+    CK(cudaMemsetAsync(b.sampling_ws, 0, b.sampling_ws_bytes, stream));
+    CK(cudaMemsetAsync(b.next, 0, (size_t)M * 4 + (M + 1) * 8, stream));
+    b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL};
+    b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded};
     float *got[3];
     for (int r = 0; r < 3; r++) {
@@ -758,24 +782,36 @@ static void bench_logits(int M) {
         got[r] = fetch(b.y, (size_t)M * ld, DTYPE_F32);
     }
     const double e_rows = rel_l2(got[1], got[0], (size_t)M * ld), e_fold = rel_l2(got[2], got[0], (size_t)M * ld);
+    int picks[2][64], same = 1;
+    enqueue_logits_folded_sampler(&b, 0);
+    CK(cudaMemcpyAsync(picks[0], b.next, (size_t)M * 4, cudaMemcpyDeviceToHost, stream));
+    CK(cudaMemsetAsync(b.next, 0xff, (size_t)M * 4, stream));
+    enqueue_logits_folded_greedy(&b, 0);
+    CK(cudaMemcpyAsync(picks[1], b.next, (size_t)M * 4, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    for (int t = 0; t < M; t++) same &= picks[0][t] == picks[1][t];
     printf("logits 768->50257 M=%-3d |", M);
-    if (!(e_rows <= 1e-5) || !(e_fold <= 1e-2)) {
-        printf(" INVALID (rel_l2 %.3g plain, %.3g folded against cuBLASLt): not timed\n", e_rows, e_fold);
+    if (!(e_rows <= 1e-5) || !(e_fold <= 1e-2) || !same) {
+        printf(" INVALID (rel_l2 %.3g plain, %.3g folded against cuBLASLt; greedy picks %s): not timed\n", e_rows,
+               e_fold, same ? "agree" : "differ");
     } else {
-        Timing t[5];
-        const EnqueueFn fns[5] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded,
-                                  enqueue_logits_lt_alone, enqueue_logits_rows_alone};
-        for (int i = 0; i < 5; i++) t[i] = time_it(fns[i], &b, b.nsets);
+        Timing t[7];
+        const EnqueueFn fns[7] = {enqueue_logits_lt,       enqueue_logits_rows,           enqueue_logits_folded,
+                                  enqueue_logits_lt_alone, enqueue_logits_rows_alone,     enqueue_logits_folded_sampler,
+                                  enqueue_logits_folded_greedy};
+        for (int i = 0; i < 7; i++) t[i] = time_it(fns[i], &b, b.nsets);
         printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | folded %6.2f (%.2fx) | alone: cuBLASLt"
-               " %.2f, logits_rows %.2f (W at %.0f GB/s)\n",
+               " %.2f, logits_rows %.2f (W at %.0f GB/s) | greedy: folded + sampler %.2f, folded taking it %.2f\n",
                t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us,
-               t[0].graph_us / t[2].graph_us, t[3].graph_us, t[4].graph_us, (double)V * C * 2 / (t[4].graph_us * 1e3));
+               t[0].graph_us / t[2].graph_us, t[3].graph_us, t[4].graph_us, (double)V * C * 2 / (t[4].graph_us * 1e3),
+               t[5].graph_us, t[6].graph_us);
     }
     fflush(stdout);
     for (int r = 0; r < 3; r++) free(got[r]);
     free(hx), free(hg), free(hbeta), free(hst), free(hs), free(hb), free(zeros);
     free_sets(b.nsets, b.W, b.unused);
     cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.xf), cudaFree(b.ln), cudaFree(b.y);
+    cudaFree(b.sampling_ws), cudaFree(b.next);
     cudaFree((void *)b.fold.s), cudaFree((void *)b.fold.bias);
     cudaFree((void *)b.fold.stats), cudaFree((void *)b.fold.shift);
 }

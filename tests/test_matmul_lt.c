@@ -845,7 +845,34 @@ static void test_rows_ln1_fold(void) {
 // the last layer's MLP projection writes them, against LayerNorm(x0) (the baseline kernel) times W,
 // on rows plain, of mean 1000 and with a channel of 500. Tolerance: plain rel_l2 <= 1e-5 (fp32
 // out, the same bf16 operands, only the order of the fp32 adds differs); folded rel_l2 <= 1e-2 and
-// max_rel <= 0.1 (bf16 inputs rounded at different points, as the folded qkv's).
+// max_rel <= 0.1 (bf16 inputs rounded at different points, as the folded qkv's). Every call also
+// takes the greedy pick, which must be each row's first largest logit as written, exactly, and
+// must leave its workspace zero.
+
+// The greedy workspace after a call: 0 when every best and the ticket are back to zero.
+static int greedy_ws_dirty(const unsigned long long *best, int M) {
+    unsigned long long h[65];
+    cuda_ok(cudaMemcpy(h, best, (size_t)(M + 1) * 8, cudaMemcpyDeviceToHost), "greedy workspace");
+    unsigned ticket;
+    memcpy(&ticket, &h[M], sizeof(ticket));
+    int dirty = ticket != 0;
+    for (int i = 0; i < M; i++) dirty += h[i] != 0;
+    return dirty;
+}
+
+// Rows of the pick that differ from the first largest of each of M rows of N (rows N apart).
+static int greedy_wrong(const int *next, const float *logits, int M, int N) {
+    int wrong = 0;
+    for (int t = 0; t < M; t++) {
+        const float *r = logits + (size_t)t * N;
+        int best = 0;
+        for (int f = 1; f < N; f++)
+            if (r[f] > r[best]) best = f;
+        wrong += next[t] != best;
+    }
+    return wrong;
+}
+
 static void test_logits_rows(void) {
     static const struct {
         int M, N, K, ldx_rows, pad, big, fold;  // x's rows ldx_rows * K apart; fold: 0 none, 1 + residual_rows' kind
@@ -869,6 +896,9 @@ static void test_logits_rows(void) {
             continue;
         }
         void *bb[10];
+        int *next = dev_buf((size_t)(M + 130) * 8, 0, &bb[8]);
+        cuda_ok(cudaMemsetAsync(next, 0, (size_t)(M + 130) * 8, stream), "greedy workspace");
+        const LogitsGreedy greedy = {next, (unsigned long long *)(next + 64), (unsigned *)(next + 64 + 2 * M)};
         uint16_t *x = dev_buf((size_t)M * ldx * 2, 0, &bb[0]), *xc = dev_buf((size_t)M * K * 2, 0, &bb[1]);
         uint16_t *W = dev_buf((size_t)N * K * 2, 0, &bb[2]);
         float *y = dev_buf((size_t)M * ldy * 4, 0, &bb[3]), *y_ref = dev_buf((size_t)M * N * 4, 0, &bb[4]);
@@ -917,7 +947,7 @@ static void test_logits_rows(void) {
         cuda_ok(cudaMemcpy2DAsync(x, (size_t)ldx * 2, xc, (size_t)K * 2, (size_t)K * 2, M, cudaMemcpyDeviceToDevice,
                                   stream), "strided x");
         cuda_ok(cudaMemsetAsync(y, 0xff, (size_t)M * ldy * 4, stream), "poison");
-        const cudaError_t e = logits_rows(y, ldy, x, ldx, W, M, N, K, fold ? &lf : NULL, stream);
+        const cudaError_t e = logits_rows(y, ldy, x, ldx, W, M, N, K, fold ? &lf : NULL, &greedy, stream);
         cudaError_t el = cudaSuccess;
         if (fold) el = (cudaError_t)baseline_layernorm(xc, x0, gamma, beta, M, K, DTYPE_BF16, stream);
         const cublasStatus_t st =
@@ -935,33 +965,73 @@ static void test_logits_rows(void) {
             }
             const Cmp c = compare(got, want, (size_t)M * N);
             const double tol = fold ? 1e-2 : 1e-5, tol_max = fold ? 0.1 : 1e-4;
-            CHECK(c.unwritten == 0 && padding_written == 0 && c.rel_l2 <= tol && c.max_rel <= tol_max, name,
-                  "unwritten %lld, padding written %lld, rel_l2 %.3g (tol %.0e), max_rel %.3g (tol %.0e)",
-                  c.unwritten, padding_written, c.rel_l2, tol, c.max_rel, tol_max);
+            int hnext[64];
+            cuda_ok(cudaMemcpy(hnext, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
+            const int wrong = greedy_wrong(hnext, got, M, N), dirty = greedy_ws_dirty(greedy.best, M);
+            CHECK(c.unwritten == 0 && padding_written == 0 && c.rel_l2 <= tol && c.max_rel <= tol_max && !wrong &&
+                      !dirty,
+                  name,
+                  "unwritten %lld, padding written %lld, rel_l2 %.3g (tol %.0e), max_rel %.3g (tol %.0e), "
+                  "greedy ids wrong %d, workspace left dirty %d",
+                  c.unwritten, padding_written, c.rel_l2, tol, c.max_rel, tol_max, wrong, dirty);
             free(got), free(want);
         }
         free(hx), free(hW);
-        for (int i = 0; i < 8; i++) cudaFree(bb[i]);
+        for (int i = 0; i < 9; i++) cudaFree(bb[i]);
     }
     // What it refuses, launching nothing: no rows or more than 64, K not a multiple of 8, x's rows
-    // off 16 bytes, ldy < N, a fold without its statistics or whose slices do not divide K.
+    // off 16 bytes, ldy < N, a fold without its statistics or whose slices do not divide K, a greedy
+    // pick without its workspace.
     void *base;
     float *d = dev_buf(1 << 22, 0, &base);
     const LogitsFold no_stats = {d, d, NULL, d, 4}, bad_slices = {d, d, d, d, 5};
     const cudaError_t e[6] = {
-        logits_rows(d, 64, d, 64, d, 0, 64, 64, NULL, stream), logits_rows(d, 64, d, 64, d, 65, 64, 64, NULL, stream),
-        logits_rows(d, 64, d, 68, d, 4, 64, 68, NULL, stream), logits_rows(d, 64, d, 68, d, 4, 64, 64, NULL, stream),
-        logits_rows(d, 60, d, 64, d, 4, 64, 64, NULL, stream),
-        logits_rows(d, 64, d, 64, d, 4, 64, 64, &no_stats, stream),
+        logits_rows(d, 64, d, 64, d, 0, 64, 64, NULL, NULL, stream),
+        logits_rows(d, 64, d, 64, d, 65, 64, 64, NULL, NULL, stream),
+        logits_rows(d, 64, d, 68, d, 4, 64, 68, NULL, NULL, stream),
+        logits_rows(d, 64, d, 68, d, 4, 64, 64, NULL, NULL, stream),
+        logits_rows(d, 60, d, 64, d, 4, 64, 64, NULL, NULL, stream),
+        logits_rows(d, 64, d, 64, d, 4, 64, 64, &no_stats, NULL, stream),
     };
-    const cudaError_t e6 = logits_rows(d, 64, d, 64, d, 4, 64, 64, &bad_slices, stream);
+    const cudaError_t e6 = logits_rows(d, 64, d, 64, d, 4, 64, 64, &bad_slices, NULL, stream);
+    const LogitsGreedy no_best = {(int *)d, NULL, (unsigned *)d};
+    const cudaError_t e7 = logits_rows(d, 64, d, 64, d, 4, 64, 64, NULL, &no_best, stream);
     CHECK(e[0] == cudaErrorInvalidValue && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
               e[3] == cudaErrorNotSupported && e[4] == cudaErrorInvalidValue && e[5] == cudaErrorInvalidValue &&
-              e6 == cudaErrorInvalidValue && !logits_rows_takes(65, 768) && !logits_rows_takes(64, 1600) &&
-              logits_rows_takes(32, 1600),
-          "logits_rows: refuses what it cannot run", "got %d %d %d %d %d %d %d, takes %d %d %d", e[0], e[1], e[2], e[3],
-          e[4], e[5], e6, logits_rows_takes(65, 768), logits_rows_takes(64, 1600), logits_rows_takes(32, 1600));
+              e6 == cudaErrorInvalidValue && e7 == cudaErrorInvalidValue && !logits_rows_takes(65, 768) &&
+              !logits_rows_takes(64, 1600) && logits_rows_takes(32, 1600),
+          "logits_rows: refuses what it cannot run", "got %d %d %d %d %d %d %d %d, takes %d %d %d", e[0], e[1], e[2],
+          e[3], e[4], e[5], e6, e7, logits_rows_takes(65, 768), logits_rows_takes(64, 1600),
+          logits_rows_takes(32, 1600));
     cudaFree(base);
+}
+
+// The greedy pick's ties: W's rows 7, 1500 and 2999 equal (and the rest zero), so row 0 of x, which
+// meets them positively, has three equal largest logits (the pick must be 7, the first, as the host
+// sampler's), and row 1, which meets them negatively, has 2997 equal zeros (the pick must be 0).
+// Called three times on one workspace, as graph replays do.
+static void test_logits_rows_greedy_ties(void) {
+    const int M = 2, N = 3000, K = 64;
+    void *bb[4];
+    uint16_t *x = dev_buf((size_t)M * K * 2, 0, &bb[0]), *W = dev_buf((size_t)N * K * 2, 0, &bb[1]);
+    float *y = dev_buf((size_t)M * N * 4, 0, &bb[2]);
+    int *ws = dev_buf(512, 0, &bb[3]);
+    float *hx = xmalloc((size_t)M * K * 4), *hW = calloc((size_t)N * K, 4);
+    for (int k = 0; k < K; k++)
+        hx[k] = 0.5f, hx[K + k] = -0.5f, hW[7 * K + k] = hW[1500 * K + k] = hW[2999 * K + k] = 0.25f;
+    upload(x, hx, (size_t)M * K, DTYPE_BF16), upload(W, hW, (size_t)N * K, DTYPE_BF16);
+    cuda_ok(cudaMemsetAsync(ws, 0, 512, stream), "greedy workspace");
+    const LogitsGreedy greedy = {ws, (unsigned long long *)(ws + 64), (unsigned *)(ws + 64 + 2 * M)};
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 3 && e == cudaSuccess; i++) e = logits_rows(y, N, x, K, W, M, N, K, NULL, &greedy, stream);
+    cuda_ok(cudaStreamSynchronize(stream), "greedy ties");
+    int next[2] = {-1, -1};
+    cuda_ok(cudaMemcpy(next, ws, sizeof(next), cudaMemcpyDeviceToHost), "greedy ids");
+    const int dirty = greedy_ws_dirty(greedy.best, M);
+    CHECK(e == cudaSuccess && next[0] == 7 && next[1] == 0 && !dirty, "logits_rows greedy: ties go to the lowest id",
+          "%s, picks %d %d (want 7 0), workspace left dirty %d", cudaGetErrorString(e), next[0], next[1], dirty);
+    free(hx), free(hW);
+    for (int i = 0; i < 4; i++) cudaFree(bb[i]);
 }
 
 int main(void) {
@@ -1025,7 +1095,8 @@ int main(void) {
             test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
     test_tuning();
     test_bad_args();
-    if (gemm_rows_available()) test_rows(), test_rows_ln(), test_rows_ln1_fold(), test_logits_rows();
+    if (gemm_rows_available())
+        test_rows(), test_rows_ln(), test_rows_ln1_fold(), test_logits_rows(), test_logits_rows_greedy_ties();
     else test_skip("gemm_rows and logits_rows", "not an sm_90 device with an sm_90a build");
 
     matmul_lt_free(lt);
