@@ -6,7 +6,7 @@
 //   x_tiles  x's RB rows as K/64 slices of RB rows x 64 k (RB x 128 bytes each), loaded once
 //   ring     STAGES slots of one W slice each: 64 rows x 64 k, 8 KB
 //   rows     the folded LayerNorm's (mean - shift, rstd) of each row
-//   best     greedy: the block's best rank key (rank_key.cuh) of each row, then its ticket
+//   row_best greedy: the block's best rank key (rank_key.cuh) of each row, then its ticket
 //   barriers x_full (x landed), full[STAGES] (a slot's slice landed: TMA's bytes), empty[STAGES]
 //            (a slot's slice multiplied: one arrival per multiplying warp)
 // The ring's i-th slice (the block's tiles in order, each tile's K/64 slices in order) goes to slot
