@@ -3,16 +3,22 @@
 // linear_residual.cu).
 #include "fused_ln_linear.h"
 
+#include <stdint.h>
+
 #include "linear_kernels.cuh"
 
 extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
                                   const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M,
-                                  int N, int K, Activation act, const QKVDest *qkv, LinearPath path,
-                                  cudaStream_t stream) {
+                                  int N, int K, Activation act, const QKVDest *qkv, const LogitsGreedy *greedy,
+                                  LinearPath path, cudaStream_t stream) {
     if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
     if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_SKINNY) return cudaErrorInvalidValue;
+    if (greedy && (qkv || ytype != DTYPE_F32 || act != ACT_NONE || !greedy->next || !greedy->best ||
+                   !greedy->ticket || (uintptr_t)greedy->best % 8 ||
+                   (path != LINEAR_PATH_AUTO && path != LINEAR_PATH_GEMV)))
+        return cudaErrorInvalidValue;
     if (M == 0) return cudaSuccess;
     lin::Epilogue e = {};
     e.gelu = act == ACT_GELU;
@@ -42,13 +48,17 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
         e.y = y;
         e.ldy = ldy;
     }
+    if (greedy) {  // the GEMV takes the pick
+        e.pick = *greedy;
+        path = LINEAR_PATH_GEMV;
+    }
     return (int)lin::launch_linear<true>(x, ldx, ln_gamma, W, wtype == DTYPE_BF16, M, N, K, e, (int)path, stream);
 }
 
 extern "C" int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType wtype, const float *s,
                                const float *b_folded, void *y, DType ytype, int M, int N, int K, Activation act,
                                const QKVDest *qkv, cudaStream_t stream) {
-    return fused_ln_linear_ex(x, K, ln_gamma, W, wtype, s, b_folded, y, N, ytype, M, N, K, act, qkv,
+    return fused_ln_linear_ex(x, K, ln_gamma, W, wtype, s, b_folded, y, N, ytype, M, N, K, act, qkv, NULL,
                               LINEAR_PATH_AUTO, stream);
 }
 

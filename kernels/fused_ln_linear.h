@@ -47,7 +47,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "model.h"  // DType
+#include "greedy_pick.h"  // LogitsGreedy
+#include "model.h"        // DType
 
 #ifdef __cplusplus
 extern "C" {
@@ -109,11 +110,15 @@ int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType 
                     const float *b_folded, void *y, DType ytype, int M, int N, int K, Activation act,
                     const QKVDest *qkv, cudaStream_t stream);
 
-// The same with row strides and a forced kernel: x rows ldx floats apart (e.g. each sequence's
-// last token: x + (T-1)*C with ldx = T*C), y rows ldy elements apart (plain output only).
+// The same with row strides, greedy decoding's pick and a forced kernel: x rows ldx floats apart
+// (e.g. each sequence's last token: x + (T-1)*C with ldx = T*C), y rows ldy elements apart (plain
+// output only). greedy (may be NULL; greedy_pick.h): the logits' greedy tokens too, taken by the
+// GEMV (path AUTO or GEMV) as it writes them, so that no sampler kernel runs after it; fp32 output
+// without GELU only (else cudaErrorInvalidValue).
 int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
                        const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M, int N,
-                       int K, Activation act, const QKVDest *qkv, LinearPath path, cudaStream_t stream);
+                       int K, Activation act, const QKVDest *qkv, const LogitsGreedy *greedy, LinearPath path,
+                       cudaStream_t stream);
 
 #ifdef __cplusplus
 }

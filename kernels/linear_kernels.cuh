@@ -38,6 +38,7 @@
 
 #include "cluster.cuh"
 #include "fused_ln_linear.h"  // LinearPath
+#include "greedy_pick.cuh"
 #include "kernel_util.h"    // gelu_tanh
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -63,6 +64,7 @@ struct Epilogue {
     const float *bias;   // b (plain linear) or b' (LN folded); NULL: none
     const float *s;      // LN folded: s_n
     int N;
+    LogitsGreedy pick;   // GEMV, PLAIN fp32 without GELU: greedy decoding's pick too (pick.next NULL: none)
 };
 
 // Row m, column n with its final pre-bias value v.
@@ -214,9 +216,10 @@ constexpr int GEMV_THREADS = 256;
 constexpr int GEMV_WARPS = GEMV_THREADS / 32;
 
 // Shared memory of a GEMV block in bytes: xs [mt][KP] of XT; with LN the shifted rows xr [mt][KP],
-// gamma [KP] and the statistics [2][mt] (fp32); the split-K partials [WARPS][32].
+// gamma [KP] and the statistics [2][mt] (fp32); the split-K partials [WARPS][32]; greedy's pick:
+// each row's best rank key [mt] and the block's ticket (8 bytes).
 __host__ __device__ constexpr long long gemv_smem_bytes(int mt, bool ln, long long KP, int xt_bytes) {
-    return mt * KP * xt_bytes + (ln ? (mt * KP + KP + 2 * mt) * 4 : 0) + GEMV_WARPS * 32 * 4;
+    return mt * KP * xt_bytes + (ln ? (mt * KP + KP + 2 * mt) * 4 : 0) + GEMV_WARPS * 32 * 4 + (mt + 1) * 8;
 }
 
 template <typename WT, typename XT>
@@ -365,6 +368,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
     float *gs = xr + (LN ? (size_t)MT * KP : 0);                  // LN: gamma [KP]
     float *stats = gs + (LN ? KP : 0);                            // LN, MT > 1: dmean [MT], rstd [MT]
     float *split_sums = stats + (LN ? 2 * MT : 0);                // [WARPS][32]
+    unsigned long long *row_best = reinterpret_cast<unsigned long long *>(split_sums + GEMV_WARPS * 32);  // [MT]
     constexpr int XE = 16 / sizeof(XT);  // x elements per 16 bytes
     const bool xvec = (K % XE) == 0 && (ldx % XE) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0 &&
                       (!LN || (reinterpret_cast<uintptr_t>(gamma) % 16) == 0);
@@ -460,13 +464,16 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         e_nobias.pos = __ldg(e.pos_dev);
         e_nobias.pos_dev = nullptr;
     }
+    const bool pick = e.pick.next != nullptr;
+    if (pick && tid < MT) row_best[tid] = 0ull;
     pdl_wait();
     stage();
     __syncthreads();
     // LN at one row: when the block's last warp holds no group (one round, no K split: the qkv and
-    // fc GEMVs), it takes the statistics while the others multiply, and hands them over at the
-    // named barrier 1 before their epilogue; else every warp takes them itself (no barrier).
-    const bool has_stats_warp = LN && MT == 1 && ksplit == 1 && ngroups <= g_step &&
+    // fc GEMVs) and greedy's pick needs no block barrier at the end, it takes the statistics while the
+    // others multiply, and hands them over at the named barrier 1 before their epilogue; else every
+    // warp takes them itself (no barrier).
+    const bool has_stats_warp = LN && MT == 1 && ksplit == 1 && !pick && ngroups <= g_step &&
                                 blockIdx.x + gridDim.x * (GEMV_WARPS - 1) >= ngroups;
     float dmean = 0.0f, rstd = 1.0f;  // LN: the statistics of row store_m
     if constexpr (LN) {
@@ -491,6 +498,10 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         }
     }
 
+    // Greedy's pick: the largest value this lane stores and its column (the first: a lane meets its
+    // columns in increasing order).
+    float pick_v = -INFINITY;
+    int pick_n = -1;
     // Rounds are block-uniform (the split-K sums meet at __syncthreads); a warp group whose group
     // is past N idles through its last round.
     for (int first = blockIdx.x; first < ngroups; first += g_step, g += g_step) {
@@ -541,8 +552,20 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
             const float v = (LN ? rstd * (mine - dmean * s_n) : mine) + bias_n;
             if (!LN && e.mode == OUT_RESIDUAL) e.residual[(size_t)(m0 + store_m) * e.N + store_n] = resid + v;
             else epi_store(e_nobias, m0 + store_m, store_n, v);
+            if (pick && v > pick_v) pick_v = v, pick_n = store_n;
         }
         load_bias(g + g_step);
+    }
+    // Greedy's pick: the NPW lanes of a row meet by shuffles, the warps in shared memory, the blocks
+    // in greedy_publish (greedy_pick.cuh).
+    if (pick) {
+        unsigned long long b = pick_n < 0 ? 0ull : rank_key(float_key(pick_v), pick_n);
+#pragma unroll
+        for (int o = 1; o < NPW; o *= 2) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+        if (stores && lane % NPW == 0 && b) atomicMax(&row_best[store_m], b);
+        __syncthreads();
+        greedy_publish(e.pick, row_best, reinterpret_cast<unsigned *>(row_best + MT), m0, rows, tid, GEMV_THREADS,
+                       [] { __syncthreads(); });
     }
 }
 

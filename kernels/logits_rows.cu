@@ -16,14 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda/atomic>
-
 #include "fold_stats.cuh"
 #include "gemm_rows.h"  // gemm_rows_available
+#include "greedy_pick.cuh"
 #include "kernel_util.h"
 #include "logits_rows.h"
 #include "pdl.cuh"
-#include "rank_key.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -51,11 +49,8 @@ constexpr size_t smem_bytes(int K, int rb, int stages) {
 // its first column (best[j][e & 1] for row 8 j + 2 (lane % 4) + (e & 1): one float compare a
 // value, as a thread meets a row's columns in increasing order). At the end, as rank keys
 // (rank_key.cuh), the 8 lanes that share a row meet by shuffles, the 4 warps in shared memory, and
-// one thread a row folds the block's best into the row's global best with a 64-bit atomic max; the
-// last block to take a ticket then writes each row's id and sets best and the ticket back to zero
-// (sampling.cu's last_to_arrive pattern: the warpgroup's barrier orders every thread's atomics
-// before thread 0's acq_rel increment). Called by the 128 multiplying threads (the producer warp
-// has returned), so its barriers are named.
+// greedy_publish (greedy_pick.cuh) takes the block's bests to the grid's. Called by the 128
+// multiplying threads (the producer warp has returned), so its barriers are named.
 struct RowBest {
     float logit;
     int id;  // -1: none yet
@@ -66,8 +61,9 @@ __device__ void greedy_finish(const RowBest (&best)[J][2], const LogitsGreedy &g
                               int M, int tid) {
     constexpr int RB = 8 * J;
     const int lane = tid % 32;
+    auto barrier = [] { asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory"); };
     for (int r = tid; r < RB; r += MMA_THREADS) row_best[r] = 0ull;
-    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
+    barrier();
 #pragma unroll
     for (int j = 0; j < J; j++)
 #pragma unroll
@@ -78,21 +74,8 @@ __device__ void greedy_finish(const RowBest (&best)[J][2], const LogitsGreedy &g
             for (int o = 4; o < 32; o *= 2) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
             if (lane < 4 && b) atomicMax(&row_best[8 * j + 2 * lane + p], b);
         }
-    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
-    for (int t = tid; t < M; t += MMA_THREADS) atomicMax(&greedy.best[t], row_best[t]);
-    unsigned *ticket = reinterpret_cast<unsigned *>(row_best + RB);
-    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
-    if (tid == 0)
-        *ticket = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*greedy.ticket)
-                      .fetch_add(1u, cuda::memory_order_acq_rel);
-    asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
-    if (*ticket != gridDim.x - 1) return;
-    for (int t = tid; t < M; t += MMA_THREADS) {
-        const unsigned long long b = __ldcg(&greedy.best[t]);
-        greedy.next[t] = b ? rank_id(b) : 0;  // none: every logit -inf or NaN
-        greedy.best[t] = 0ull;
-    }
-    if (tid == 0) *greedy.ticket = 0u;
+    barrier();
+    greedy_publish(greedy, row_best, reinterpret_cast<unsigned *>(row_best + RB), 0, M, tid, MMA_THREADS, barrier);
 }
 
 // ----------------------------------------------------------------------------

@@ -32,6 +32,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "greedy_pick.h"  // LogitsGreedy
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -42,18 +44,6 @@ typedef struct {
     const float *s, *bias, *stats, *shift;
     int slices;
 } LogitsFold;
-
-// Greedy decoding's pick, taken as the logits are written so that no sampler kernel runs after
-// them: next[t] = the first index of row t's largest logit (sampling.h's greedy choice). Each block
-// folds its rows' best into best[t] (one 64-bit atomic max of a rank key a row), and the last block
-// to finish (ticket) turns them into ids. best [M] and ticket must be zero before a call and are
-// left zero after it, so one zeroed workspace serves every call and graph replay; one call at a
-// time per workspace.
-typedef struct {
-    int *next;                 // [M]
-    unsigned long long *best;  // [M]
-    unsigned *ticket;
-} LogitsGreedy;
 
 // 1 when logits_rows runs M rows of K on the current device (gemm_rows_available(), the shapes
 // above); GPT2_LOGITS_ROWS=0 turns it off (to compare routes).

@@ -34,7 +34,8 @@
 //   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart:
 //              logits_rows (bf16 on Hopper, to 64 rows), else cuBLASLt; in batched decode where the
 //              last mlp_out wrote lnf's statistics, logits_rows with lnf folded in and no LayerNorm;
-//              logits_rows also takes greedy decoding's tokens (no sampler kernel after it)
+//              logits_rows, and the GEMV where it takes the logits, also take greedy decoding's tokens
+//              (no sampler kernel after them)
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -127,12 +128,13 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 }
 
 // The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
-// partials and split counters; greedy decoding's row bests and ticket in logits_rows (GREEDY_ROWS at
-// most, left zero by every call); then for ln1 folded into qkv (64 rows at most: gemm_rows's) each
+// partials and split counters; greedy decoding's row bests and ticket in the logits' kernel
+// (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (64 rows at most: gemm_rows's) each
 // row's shift and its statistics in slices of at least 8 columns.
 // logits_rows takes greedy decoding's pick to 32 rows: there it saves 1.8-2.9 us of the logits and
 // the sampler's kernel (bench_fused_linear --logits), B = 2-32 +0.5-1.1% in the engine; at 48 rows
-// it saves nothing and at 64 the step lost 1.6% (docs/PERF.md, "Session 27").
+// it saves nothing and at 64 the step lost 1.6% (docs/PERF.md, "Session 27"). The GEMV takes it at
+// the rows it takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
 enum { GREEDY_ROWS = 32, FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
 typedef struct {
     size_t attention;                 // bytes
@@ -293,8 +295,8 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     return 0;
 }
 
-// logits_rows's greedy pick (logits_rows.h) where the step asks for it: each sequence's token, so that
-// no sampler kernel runs after the logits.
+// Greedy decoding's pick inside the logits' kernel (greedy_pick.h: logits_rows or the GEMV) where the
+// step asks for it: each sequence's token, so that no sampler kernel runs after the logits.
 static const LogitsGreedy *logits_greedy(const GpuState *s, const GpuStep *st, int all_positions, LogitsGreedy *g) {
     if (!st->greedy_next || all_positions || st->B > GREEDY_ROWS) return NULL;
     const FusedWorkspace w = fused_workspace(s);
@@ -332,7 +334,8 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
     const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
     const long long ldx = all_positions ? s->C : (long long)st->T * s->C;
     FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->logits_ld, DTYPE_F32,
-                                 rows, s->V, s->C, ACT_NONE, NULL, LINEAR_PATH_AUTO, s->stream));
+                                 rows, s->V, s->C, ACT_NONE, NULL, logits_greedy(s, st, all_positions, &greedy),
+                                 LINEAR_PATH_AUTO, s->stream));
     return 0;
 }
 

@@ -144,7 +144,7 @@ typedef struct {
 static void enqueue_fused(void *p, int set) {
     LnBench *b = p;
     CK(fused_ln_linear_ex(b->x[set], b->K, b->gamma, b->W[set], b->dt, b->s, b->b2, b->y, b->N, b->dt, b->M, b->N,
-                          b->K, ACT_GELU, NULL, b->path, stream));
+                          b->K, ACT_GELU, NULL, NULL, b->path, stream));
 }
 
 static void enqueue_lt(void *p, int set) {
@@ -680,8 +680,10 @@ static void bench_rows_ln1(int M) {
 // bf16(gamma x0) and x0's 16-column slice statistics, as the last MLP projection writes them; shift
 // 0); each product alone, and logits_rows's rate of reading W. Greedy decoding's pick: the folded
 // route then the device sampler's greedy kernel (sampling.h) against logits_rows taking the pick
-// itself (LogitsGreedy). Validated against the cuBLASLt route first (rel_l2 <= 1e-5 from the same
-// LayerNorm output, 1e-2 folded), and the two picks against each other (the same ids).
+// itself (LogitsGreedy); at 1-4 rows (the engine's GEMV rows before Hopper; one row on it) the same
+// for the GEMV with lnf inside (fused_ln_linear.h, fp32 x0). Validated against the cuBLASLt route
+// first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2 folded and the GEMV), and the picks
+// against each other (the same ids).
 typedef struct {
     int M, C, V, ld, nsets;
     void **W, **unused;   // [nsets] bf16 W [ld, C], rows past V zero
@@ -716,15 +718,32 @@ static void enqueue_logits_folded(void *p, int set) {
     LogitsBench *b = p;
     CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, NULL, stream));
 }
-static void enqueue_logits_folded_sampler(void *p, int set) {
-    LogitsBench *b = p;
-    enqueue_logits_folded(p, set);
+// Greedy's pick by the device sampler's kernel, after the logits.
+static void enqueue_sampler(const LogitsBench *b) {
     CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, b->sampling_ws, b->sampling_ws_bytes,
                         stream));
+}
+static void enqueue_logits_folded_sampler(void *p, int set) {
+    enqueue_logits_folded(p, set);
+    enqueue_sampler(p);
 }
 static void enqueue_logits_folded_greedy(void *p, int set) {
     LogitsBench *b = p;
     CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, &b->greedy, stream));
+}
+
+static void logits_gemv(const LogitsBench *b, int set, const LogitsGreedy *greedy) {
+    CK(fused_ln_linear_ex(b->x0, b->C, b->gamma, b->W[set], DTYPE_BF16, b->fold.s, b->fold.bias, b->y, b->ld,
+                          DTYPE_F32, b->M, b->V, b->C, ACT_NONE, NULL, greedy, LINEAR_PATH_GEMV, stream));
+}
+static void enqueue_logits_gemv(void *p, int set) { logits_gemv(p, set, NULL); }
+static void enqueue_logits_gemv_sampler(void *p, int set) {
+    logits_gemv(p, set, NULL);
+    enqueue_sampler(p);
+}
+static void enqueue_logits_gemv_greedy(void *p, int set) {
+    LogitsBench *b = p;
+    logits_gemv(b, set, &b->greedy);
 }
 
 static void bench_logits(int M) {
@@ -774,26 +793,31 @@ static void bench_logits(int M) {
     CK(cudaMemsetAsync(b.next, 0, (size_t)M * 4 + (M + 1) * 8, stream));
     b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
-    const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded};
-    float *got[3];
-    for (int r = 0; r < 3; r++) {
+    const int gemv = M <= 4;
+    const EnqueueFn routes[4] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded, enqueue_logits_gemv};
+    float *got[4] = {NULL};
+    for (int r = 0; r < 3 + gemv; r++) {
         CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));
         routes[r](&b, 0);
         got[r] = fetch(b.y, (size_t)M * ld, DTYPE_F32);
     }
     const double e_rows = rel_l2(got[1], got[0], (size_t)M * ld), e_fold = rel_l2(got[2], got[0], (size_t)M * ld);
-    int picks[2][64], same = 1;
-    enqueue_logits_folded_sampler(&b, 0);
-    CK(cudaMemcpyAsync(picks[0], b.next, (size_t)M * 4, cudaMemcpyDeviceToHost, stream));
-    CK(cudaMemsetAsync(b.next, 0xff, (size_t)M * 4, stream));
-    enqueue_logits_folded_greedy(&b, 0);
-    CK(cudaMemcpyAsync(picks[1], b.next, (size_t)M * 4, cudaMemcpyDeviceToHost, stream));
+    const double e_gemv = gemv ? rel_l2(got[3], got[0], (size_t)M * ld) : 0.0;
+    // The picks of each route with the sampler, then taking them itself.
+    const EnqueueFn pickers[4] = {enqueue_logits_folded_sampler, enqueue_logits_folded_greedy,
+                                  enqueue_logits_gemv_sampler, enqueue_logits_gemv_greedy};
+    int picks[4][64], same = 1;
+    for (int r = 0; r < 2 + 2 * gemv; r++) {
+        CK(cudaMemsetAsync(b.next, 0xff, (size_t)M * 4, stream));
+        pickers[r](&b, 0);
+        CK(cudaMemcpyAsync(picks[r], b.next, (size_t)M * 4, cudaMemcpyDeviceToHost, stream));
+    }
     CK(cudaStreamSynchronize(stream));
-    for (int t = 0; t < M; t++) same &= picks[0][t] == picks[1][t];
+    for (int t = 0; t < M; t++) same &= picks[0][t] == picks[1][t] && (!gemv || picks[2][t] == picks[3][t]);
     printf("logits 768->50257 M=%-3d |", M);
-    if (!(e_rows <= 1e-5) || !(e_fold <= 1e-2) || !same) {
-        printf(" INVALID (rel_l2 %.3g plain, %.3g folded against cuBLASLt; greedy picks %s): not timed\n", e_rows,
-               e_fold, same ? "agree" : "differ");
+    if (!(e_rows <= 1e-5) || !(e_fold <= 1e-2) || !(e_gemv <= 1e-2) || !same) {
+        printf(" INVALID (rel_l2 %.3g plain, %.3g folded, %.3g GEMV against cuBLASLt; greedy picks %s): not timed\n",
+               e_rows, e_fold, e_gemv, same ? "agree" : "differ");
     } else {
         Timing t[7];
         const EnqueueFn fns[7] = {enqueue_logits_lt,       enqueue_logits_rows,           enqueue_logits_folded,
@@ -805,9 +829,14 @@ static void bench_logits(int M) {
                t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us,
                t[0].graph_us / t[2].graph_us, t[3].graph_us, t[4].graph_us, (double)V * C * 2 / (t[4].graph_us * 1e3),
                t[5].graph_us, t[6].graph_us);
+        if (gemv)
+            printf("    GEMV with lnf inside %.2f us | greedy: GEMV + sampler %.2f, GEMV taking it %.2f\n",
+                   time_it(enqueue_logits_gemv, &b, b.nsets).graph_us,
+                   time_it(enqueue_logits_gemv_sampler, &b, b.nsets).graph_us,
+                   time_it(enqueue_logits_gemv_greedy, &b, b.nsets).graph_us);
     }
     fflush(stdout);
-    for (int r = 0; r < 3; r++) free(got[r]);
+    for (int r = 0; r < 4; r++) free(got[r]);
     free(hx), free(hg), free(hbeta), free(hst), free(hs), free(hb), free(zeros);
     free_sets(b.nsets, b.W, b.unused);
     cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.xf), cudaFree(b.ln), cudaFree(b.y);
@@ -910,8 +939,8 @@ int main(int argc, char **argv) {
             printf("SKIP --logits: logits_rows needs an sm_90 device and an sm_90a build\n");
             return 0;
         }
-        const int Ml[] = {2, 5, 8, 16, 24, 32, 48, 64};
-        for (int mi = 0; mi < 8; mi++) bench_logits(Ml[mi]);
+        const int Ml[] = {1, 2, 4, 5, 8, 16, 24, 32, 48, 64};
+        for (int mi = 0; mi < 10; mi++) bench_logits(Ml[mi]);
         return 0;
     }
     const int Ms[] = {1, 16, 64, 512, 4096};

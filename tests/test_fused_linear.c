@@ -184,6 +184,9 @@ typedef struct {
     int qkv_T, qkv_pos, qkv_nh, qkv_max_seq, qkv_pos_dev;
     // strided rows (plain mode): x rows ldx apart (>= K), y rows ldy apart (>= N)
     int ldx, ldy;
+    // greedy decoding's pick (plain fp32 mode, no GELU; greedy_pick.h): 1 taken, 2 taken with W row 5
+    // copied to rows N / 2 and N - 1 and the three given the largest bias (exact ties: row 5 wins)
+    int greedy;
 } LnCase;
 
 // The kernels' shift for a row (tiled bf16): mean of the first min(K, 32) values, summed as 8
@@ -205,10 +208,10 @@ static void run_ln_case(const LnCase *c) {
     const int qkv = c->qkv_T > 0;
     const int ldy = qkv ? N : (c->ldy ? c->ldy : N);
     char name[256];
-    snprintf(name, sizeof name, "fused_ln_linear %s->%s %s M=%d N=%d K=%d %s %s%s%s", dtype_name(c->wt),
+    snprintf(name, sizeof name, "fused_ln_linear %s->%s %s M=%d N=%d K=%d %s %s%s%s%s", dtype_name(c->wt),
              dtype_name(c->yt), path_name(c->path), M, N, K, c->act == ACT_GELU ? "gelu" : "none",
              data_name[c->data], qkv ? (c->qkv_pos_dev ? " qkv pos_device" : " qkv") : "",
-             (ldx != K || ldy != N) ? " strided" : "");
+             (ldx != K || ldy != N) ? " strided" : "", c->greedy ? (c->greedy == 2 ? " greedy ties" : " greedy") : "");
 
     float *x = xcalloc((size_t)M * ldx, sizeof(float));
     float *xr = xmalloc((size_t)M * K * sizeof(float));
@@ -220,6 +223,14 @@ static void run_ln_case(const LnCase *c) {
     for (size_t i = 0; i < (size_t)N * K; i++) W[i] = (float)(rng_normal() / sqrt((double)K));
     float *bias = xmalloc(N * sizeof(float));
     for (int n = 0; n < N; n++) bias[n] = (float)(0.1 * rng_normal());
+    if (c->greedy == 2) {
+        const int dup[2] = {N / 2, N - 1};
+        bias[5] = 50.0f;
+        for (int i = 0; i < 2; i++) {
+            memcpy(W + (size_t)dup[i] * K, W + 5 * (size_t)K, (size_t)K * sizeof(float));
+            bias[dup[i]] = bias[5];
+        }
+    }
 
     void *dW = upload_matrix(W, (size_t)N * K, c->wt);  // W now holds what the kernel reads
     // Folded vectors from the rounded W, in fp64, handed over as fp32 (as ln_fold.cu does).
@@ -268,11 +279,23 @@ static void run_ln_case(const LnCase *c) {
     Cmp ck, ce;
     int outside_ok = 1;
     float *yh = NULL;
+    int picks_ok = 1;
     if (!qkv) {
         const size_t ny = (size_t)M * ldy;
         void *dy = dev_upload(NULL, ny * ysz);
         cuda_ok(cudaMemset(dy, 0xff, ny * ysz), "poison");
-        rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, dy, ldy, c->yt, M, N, K, c->act, NULL, c->path, 0);
+        // Greedy's workspace: next [M] (poisoned), then best [M] and the ticket (zeroed).
+        const size_t best_at = ((size_t)M * 4 + 7) / 8 * 8;
+        char *dws = c->greedy ? dev_upload(NULL, best_at + (size_t)(M + 1) * 8) : NULL;
+        LogitsGreedy greedy = {0};
+        if (dws) {
+            greedy = (LogitsGreedy){(int *)dws, (unsigned long long *)(dws + best_at), NULL};
+            greedy.ticket = (unsigned *)(greedy.best + M);
+            cuda_ok(cudaMemset(dws, 0xff, (size_t)M * 4), "poison");
+            cuda_ok(cudaMemset(greedy.best, 0, (size_t)(M + 1) * 8), "zero");
+        }
+        rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, dy, ldy, c->yt, M, N, K, c->act, NULL,
+                                dws ? &greedy : NULL, c->path, 0);
         cuda_ok(cudaDeviceSynchronize(), name);
         float *yfull = download(dy, ny, c->yt);
         yh = xmalloc((size_t)M * N * sizeof(float));
@@ -280,8 +303,22 @@ static void run_ln_case(const LnCase *c) {
             memcpy(yh + (size_t)m * N, yfull + (size_t)m * ldy, (size_t)N * sizeof(float));
             for (int n = N; n < ldy; n++) outside_ok &= isnan(yfull[(size_t)m * ldy + n]);
         }
+        if (dws) {  // each row's first maximum of what was written; best and the ticket left zero
+            int *next = xmalloc((size_t)M * sizeof(int));
+            unsigned long long *ws = xmalloc((size_t)(M + 1) * 8);
+            cuda_ok(cudaMemcpy(next, greedy.next, (size_t)M * 4, cudaMemcpyDeviceToHost), "download");
+            cuda_ok(cudaMemcpy(ws, greedy.best, (size_t)(M + 1) * 8, cudaMemcpyDeviceToHost), "download");
+            for (int m = 0; m < M; m++) {
+                int first = 0;
+                for (int n = 1; n < N; n++) first = yh[(size_t)m * N + n] > yh[(size_t)m * N + first] ? n : first;
+                picks_ok &= next[m] == first && (c->greedy != 2 || first == 5);
+            }
+            for (int i = 0; i <= M; i++) picks_ok &= ws[i] == 0;
+            if (!picks_ok) printf("  %s: row 0 picked %d\n", name, next[0]);
+            free(next), free(ws);
+        }
         free(yfull);
-        cudaFree(dy);
+        cudaFree(dy), cudaFree(dws);
     } else {
         const int T = c->qkv_T, B = M / T, pos = c->qkv_pos, nh = c->qkv_nh, hs = K / nh, ms = c->qkv_max_seq;
         const size_t ncache = (size_t)B * nh * ms * hs;
@@ -297,7 +334,8 @@ static void run_ln_case(const LnCase *c) {
             dst.pos = ms - T;
             dst.pos_device = dpos;
         }
-        rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, NULL, 0, c->yt, M, N, K, c->act, &dst, c->path, 0);
+        rc = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, NULL, 0, c->yt, M, N, K, c->act, &dst, NULL, c->path,
+                                0);
         cuda_ok(cudaDeviceSynchronize(), name);
         float *qh = download(dq, (size_t)M * K, c->yt), *kh = download(dk, ncache, c->yt),
               *vh = download(dv, ncache, c->yt);
@@ -326,10 +364,12 @@ static void run_ln_case(const LnCase *c) {
     // are allowed one ulp each on top: 2^-8.
     const double tol = c->wt == DTYPE_F32 ? 1e-5 : c->yt == DTYPE_BF16 ? 1e-3 + 0.00390625 : 1e-3;
     const double tol_exact = c->wt == DTYPE_F32 ? 1e-5 : 1e-2;
-    CHECK(rc == 0 && ck.unwritten == 0 && outside_ok && ck.rel_l2 <= tol && ck.max_rel <= 50 * tol &&
+    CHECK(rc == 0 && ck.unwritten == 0 && outside_ok && picks_ok && ck.rel_l2 <= tol && ck.max_rel <= 50 * tol &&
               ce.rel_l2 <= tol_exact,
-          name, "rc=%d unwritten=%lld outside_ok=%d rel_l2=%.3g (tol %.2g) max_rel=%.3g exact_rel_l2=%.3g (tol %.0e)",
-          rc, ck.unwritten, outside_ok, ck.rel_l2, tol, ck.max_rel, ce.rel_l2, tol_exact);
+          name,
+          "rc=%d unwritten=%lld outside_ok=%d picks_ok=%d rel_l2=%.3g (tol %.2g) max_rel=%.3g exact_rel_l2=%.3g "
+          "(tol %.0e)",
+          rc, ck.unwritten, outside_ok, picks_ok, ck.rel_l2, tol, ck.max_rel, ce.rel_l2, tol_exact);
     if (getenv("GPT2_TEST_VERBOSE"))
         printf("  %s: rel_l2 %.3g max_rel %.3g exact %.3g\n", name, ck.rel_l2, ck.max_rel, ce.rel_l2);
 
@@ -388,13 +428,22 @@ static void test_bad_args(void) {
     int e4 = fused_ln_linear(d, d, d, DTYPE_F32, d, d, d, DTYPE_F32, 0, 8, 8, ACT_NONE, NULL, 0);  // M=0: nothing
     // The skinny kernel is a bf16 plain linear: not with a LayerNorm, not in fp32.
     int e5 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL,
-                                LINEAR_PATH_SKINNY, 0);
+                                NULL, LINEAR_PATH_SKINNY, 0);
     int e6 = linear_residual_ex(d, d, DTYPE_F32, d, d, 2, 8, 8, LINEAR_PATH_SKINNY, 0);
     // The cluster GEMV takes the LayerNorm ops only.
     int e7 = linear_residual_ex(d, d, DTYPE_BF16, d, d, 8, 8, 8, LINEAR_PATH_CLUSTER, 0);
+    // Greedy's pick: the GEMV's fp32 output without GELU only.
+    const LogitsGreedy g = {(int *)d, (unsigned long long *)d + 8, (unsigned *)d + 32};
+    int e8 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_BF16, 2, 8, 8, ACT_NONE, NULL, &g,
+                                LINEAR_PATH_GEMV, 0);
+    int e9 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_GELU, NULL, &g,
+                                LINEAR_PATH_GEMV, 0);
+    int e10 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL, &g,
+                                 LINEAR_PATH_TILED_XS, 0);
     CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0 &&
-              e5 == cudaErrorInvalidValue && e6 == cudaErrorInvalidValue && e7 == cudaErrorInvalidValue,
-          "fused linear bad arguments", "got %d %d %d %d %d %d %d", e1, e2, e3, e4, e5, e6, e7);
+              e5 == cudaErrorInvalidValue && e6 == cudaErrorInvalidValue && e7 == cudaErrorInvalidValue &&
+              e8 == cudaErrorInvalidValue && e9 == cudaErrorInvalidValue && e10 == cudaErrorInvalidValue,
+          "fused linear bad arguments", "got %d %d %d %d %d %d %d %d %d %d", e1, e2, e3, e4, e5, e6, e7, e8, e9, e10);
     cudaFree(d);
 }
 
@@ -467,6 +516,19 @@ int main(void) {
             LnCase c = {0};
             c.M = p ? 40 : 4, c.N = 300, c.K = 96, c.ldx = 5 * 96, c.ldy = 307, c.wt = (DType)wt, c.yt = DTYPE_F32;
             c.act = ACT_NONE, c.data = DATA_NORMAL, c.path = LINEAR_PATH_AUTO;
+            run_ln_case(&c);
+        }
+    // Greedy decoding's pick inside the GEMV: GPT-2 124M's logits at one row (two blocks an SM, six
+    // rounds), strided rows with exact ties, 16 rows (NPW 2) and 20 (two launches of 16 and 4 rows,
+    // one ticket), through the GEMV path and AUTO.
+    const int gshapes[][5] = {{1, 50257, 768, 0, 0}, {3, 300, 96, 1, 0}, {16, 1000, 768, 1, 0}, {20, 77, 100, 1, 1}};
+    for (int wt = 0; wt < 2; wt++)
+        for (int gi = small ? 1 : 0; gi < 4; gi++) {  // {M, N, K, ties, AUTO}
+            LnCase c = {0};
+            c.M = gshapes[gi][0], c.N = gshapes[gi][1], c.K = gshapes[gi][2], c.greedy = 1 + gshapes[gi][3];
+            if (gi == 1) c.ldx = 5 * c.K, c.ldy = c.N + 7;
+            c.wt = (DType)wt, c.yt = DTYPE_F32, c.act = ACT_NONE, c.data = gi % 3;
+            c.path = gshapes[gi][4] ? LINEAR_PATH_AUTO : LINEAR_PATH_GEMV;
             run_ln_case(&c);
         }
 
