@@ -214,6 +214,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 constexpr int GEMV_THREADS = 256;
 constexpr int GEMV_WARPS = GEMV_THREADS / 32;
+// Shared memory a GEMV of one block an SM leaves beside its block for the next kernel's (launch_gemv_mt).
+constexpr int GEMV_ROOM = 128 * 1024;
 
 // Shared memory of a GEMV block in bytes: xs [mt][KP] of XT; with LN the shifted rows xr [mt][KP],
 // gamma [KP] and the statistics [2][mt] (fp32); the split-K partials [WARPS][32]; greedy's pick:
@@ -1558,9 +1560,18 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
     // loads in flight.
     int grid = ngroups < d.sms ? ngroups : d.sms;
     if ((long long)ngroups >= 4LL * d.sms * GEMV_WARPS) grid = 2 * d.sms;
+    // A GEMV of one block an SM asks for an L1/shared split that leaves room beside its block for
+    // the next kernel's on Hopper: gemm_rows's (the MLP projection after fc at one row: ~125 KB of W
+    // and x tiles). With the driver's choice (the most L1 for a 10 KB block) the projection's blocks
+    // waited on a third of its SMs until fc had completed, then loaded their W on the step's path;
+    // with room, B = 1 +1.1% on an H200 (docs/PERF.md, "Session 28"). The logits GEMV (two blocks an
+    // SM, many rounds) keeps the driver's choice: it streams W through L1, and lost 1.3 us with less.
+    const int carveout = d.cc >= 90 && grid <= d.sms && d.smem_sm > 0
+                             ? (int)((100LL * (smem + 1024 + GEMV_ROOM) + d.smem_sm - 1) / d.smem_sm)
+                             : -1;
     for (int m0 = 0; m0 < M; m0 += MT)
-        if ((err = launch_pdl(kern, dim3(grid), dim3(GEMV_THREADS), smem, stream, x, ldx, gamma, W, m0, M, N, K, KP,
-                              ksplit, e)) != cudaSuccess)
+        if ((err = launch_pdl_ex(kern, dim3(grid), dim3(GEMV_THREADS), smem, 1, carveout > 100 ? 100 : carveout,
+                                 stream, x, ldx, gamma, W, m0, M, N, K, KP, ksplit, e)) != cudaSuccess)
             return err;
     return cudaSuccess;
 }

@@ -61,29 +61,51 @@ static inline int pdl_enabled() {
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed,
 // so that the kernel may start while the previous kernel on the stream finishes, in clusters of
-// `cluster` blocks along x when cluster > 1 (sm_90). Returns the launch's error.
+// `cluster` blocks along x when cluster > 1 (sm_90), and where carveout >= 0 with that preferred
+// shared-memory carveout (percent of the SM's shared memory; else, and with toolkits whose launches
+// have no such attribute, the driver's choice). An SM changes
+// its split between L1 and shared memory only when it is idle, which in a chain of PDL launches it
+// seldom is, so the split the first kernels get decides which later blocks fit beside theirs.
+// Returns the launch's error.
 template <typename... Params, typename... Args>
-static inline cudaError_t launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                             unsigned cluster, cudaStream_t stream, Args... args) {
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled();
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = cluster;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
+static inline cudaError_t launch_pdl_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
+                                        int carveout, cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attr[3];
+    unsigned n = 0;
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = pdl_enabled();
+    if (cluster > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = 1;
+    }
+#ifdef cudaKernelNodeAttributePreferredSharedMemoryCarveout  // defined (an alias) where the attribute exists
+    if (carveout >= 0) {
+        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[n++].val.sharedMemCarveout = (unsigned)carveout;
+    }
+#else
+    (void)carveout;
+#endif
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = cluster > 1 ? 2 : 1;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+static inline cudaError_t launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                             unsigned cluster, cudaStream_t stream, Args... args) {
+    return launch_pdl_ex(kernel, grid, block, smem, cluster, -1, stream, args...);
 }
 
 template <typename... Params, typename... Args>
 static inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                      cudaStream_t stream, Args... args) {
-    return launch_pdl_cluster(kernel, grid, block, smem, 1, stream, args...);
+    return launch_pdl_ex(kernel, grid, block, smem, 1, -1, stream, args...);
 }
