@@ -63,10 +63,9 @@ static inline int pdl_enabled() {
 // so that the kernel may start while the previous kernel on the stream finishes, in clusters of
 // `cluster` blocks along x when cluster > 1 (sm_90), and where carveout >= 0 with that preferred
 // shared-memory carveout (percent of the SM's shared memory; else, and with toolkits whose launches
-// have no such attribute, the driver's choice). An SM changes
-// its split between L1 and shared memory only when it is idle, which in a chain of PDL launches it
-// seldom is, so the split the first kernels get decides which later blocks fit beside theirs.
-// Returns the launch's error.
+// have no such attribute, the driver's choice). An SM changes its split between L1 and shared
+// memory only when it is idle, which in a chain of PDL launches it seldom is, so the split the
+// first kernels get decides which later blocks fit beside theirs. Returns the launch's error.
 template <typename... Params, typename... Args>
 static inline cudaError_t launch_pdl_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
                                         int carveout, cudaStream_t stream, Args... args) {
