@@ -29,6 +29,12 @@ stamps). Per kernel, the median over the decode steps (a prefill has other kerne
 Kernels that stamp their own phases (events 3.., kernel_trace.cuh; gemm_rows: W landed, x landed,
 MMAs done, epilogue started) get a second table: for each phase, when the last block reached it
 after the kernel's release (the dependent path), and the median block's time.
+
+--blocks NAME:LAYER (e.g. fcproj:5) lists that kernel's blocks in the middle decode step, in the order
+they became resident: start and exit after its release, the SM, and the blocks of the three kernels
+before it that ran on the same SM (start, exit). Blocks that wait for others on their SM to leave
+show here ("Session 28" in docs/PERF.md: the L1/shared split kept the MLP projection's blocks off the
+fc GEMV's SMs).
 """
 import argparse
 import bisect
@@ -53,6 +59,7 @@ def main():
     ap.add_argument("--ops", default=",".join(OPS), help="a layer's kernels, in launch order")
     ap.add_argument("--tail", default="logits,sampling", help="the stamped kernels after the last layer")
     ap.add_argument("--layer0", help="layer 0's kernels where they differ (batched decode: ln1 first)")
+    ap.add_argument("--blocks", help="NAME:LAYER: that kernel's blocks and their SMs in the middle step")
     a = ap.parse_args()
     ops, tail = a.ops.split(","), a.tail.split(",")
     layer0 = a.layer0.split(",") if a.layer0 else ops
@@ -74,6 +81,7 @@ def main():
             visits[gid][k].append(r)
             k += r[2] == 2
     launches = []  # (first start, gid, {event: [times]})
+    block_sm = {}  # id({event: [times]}) -> [(block, SM, start, exit)]
     for gid, by_k in visits.items():
         for rs in by_k.values():
             if len({r[5] for r in rs}) < rs[0][4]:
@@ -82,7 +90,11 @@ def main():
             for r in rs:
                 ev[r[2]].append(r[1])
             if ev[0] and ev[1] and ev[2]:
-                launches.append((min(ev[0]), gid, dict(ev)))
+                ev = dict(ev)
+                launches.append((min(ev[0]), gid, ev))
+                starts = {r[5]: (r[1], r[3]) for r in rs if r[2] == 0}
+                exits = {r[5]: r[1] for r in rs if r[2] == 2}
+                block_sm[id(ev)] = [(b, sm, t, exits.get(b)) for b, (t, sm) in starts.items()]
     launches.sort(key=lambda x: x[0])
     # Steps: a decode graph's replays; each starts with its first kernel (the embedding), the
     # earliest-starting grid id of those launched more than once. A prefill's kernels and
@@ -106,6 +118,7 @@ def main():
     phases = collections.defaultdict(lambda: collections.defaultdict(list))  # name -> event -> [(last, median)]
     names = {}
     used = 0
+    used_steps = []
     seen = []  # kernels per step
     for step in steps:
         ks = sorted(step, key=lambda x: min(x[2][1]))  # in release order
@@ -113,6 +126,7 @@ def main():
         if len(ks) != expected or shape(step) != common:
             continue  # not a decode step (a prefill), an incomplete one or a stray
         used += 1
+        used_steps.append(ks)
         for i, (start, _gid, v) in enumerate(ks):
             name = names_in_step[i]
             release, last_exit = min(v[1]), max(v[2])
@@ -151,6 +165,25 @@ def main():
                 med = statistics.median(x[1] for x in phases[name][e]) / 1e3
                 cols.append(f"{ {1: 'released', 2: 'exit'}.get(e, 'p%d' % (e - 3))} {last:6.2f} /{med:6.2f}")
             print(f"{name:10s} " + "  ".join(cols))
+    if a.blocks:
+        print_blocks(a.blocks, names_in_step, used_steps[len(used_steps) // 2], block_sm, len(layer0), len(ops))
+
+
+def print_blocks(spec, names_in_step, ks, block_sm, n_layer0, n_ops):
+    """--blocks: one kernel's blocks in one step, with what ran before them on their SMs."""
+    name, layer = spec.split(":")
+    layer = int(layer)
+    first = 1 if layer == 0 else 1 + n_layer0 + (layer - 1) * n_ops  # the layer's first kernel
+    idx = names_in_step.index(name, first)
+    release = min(ks[idx][2][1])
+    on_sm = collections.defaultdict(list)
+    for j in range(max(0, idx - 3), idx):
+        for _b, sm, t, e in block_sm[id(ks[j][2])]:
+            on_sm[sm].append(f"{names_in_step[j]}[{(t - release) / 1e3:+.2f},{(e - release) / 1e3:+.2f}]")
+    print(f"\n{name} of layer {layer}, middle step: its blocks, us after its release")
+    for b, sm, t, e in sorted(block_sm[id(ks[idx][2])], key=lambda x: x[2]):
+        print(f"  block {b:4d} SM {sm:3d} start {(t - release) / 1e3:+7.2f} exit {(e - release) / 1e3:+6.2f} | "
+              + " ".join(on_sm[sm]))
 
 
 if __name__ == "__main__":
