@@ -129,8 +129,8 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 
 // The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
 // partials and split counters; greedy decoding's row bests and ticket in the logits' kernel
-// (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (64 rows at most: gemm_rows's) each
-// row's shift and its statistics in slices of at least 8 columns.
+// (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (64 rows at most:
+// gemm_rows's) each row's shift and its statistics in slices of at least 8 columns.
 // logits_rows takes greedy decoding's pick to 32 rows: there it saves 1.8-2.9 us of the logits and
 // the sampler's kernel (bench_fused_linear --logits), B = 2-32 +0.5-1.1% in the engine; at 48 rows
 // it saves nothing and at 64 the step lost 1.6% (docs/PERF.md, "Session 27"). The GEMV takes it at
