@@ -11,6 +11,8 @@
 //       ops->mlp_out(l)     x += h @ fcprojw^T + fcprojb
 //   ops->logits             lnf(x) @ wte^T -> logits [rows, V] fp32
 //
+// Where only each sequence's last logits are wanted (T > 1), the last layer's ops after the attention
+// and the logits see a one-token step (M = B, T = 1) on those rows, moved to the front of x and atty.
 // M = B*T rows, row b*T + t. The contract between ops is only these buffers: x (fp32 [M, C]),
 // atty ([M, C], compute dtype), h ([M, 4C], compute dtype), the cache, logits. q's layout belongs
 // to the table (reference: [B, NH, T, HS]; fused: [M, C]), so a table's attn_in and attention go

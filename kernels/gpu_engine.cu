@@ -343,11 +343,21 @@ static int check_step(const GpuState *s, const int *tokens, int B, int T, int po
 
 // Enqueues the model for one step whose tokens are on the device: the embedding, every block
 // through the op table, and the logits into s->logits. trace (forward_trace) needs the host.
+//
+// A step that wants only each sequence's last logits (a prompt's) runs the last layer's attention
+// over all its rows, which puts every position's keys and values into the cache, and the rest of
+// that layer and the logits as a one-token step on each sequence's last row (`last`, moved to the
+// front by last_rows_to_front): nothing reads the other rows again. This is what llama.cpp does with
+// the outputs it does not need; at 1024 tokens it skips ~3/4 of a layer's matrix products
+// (docs/PERF.md, "Session 29").
 static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev, int all_positions, int profile,
                          int *ev, GpuTraceFn trace, void *user, Error *err) {
     GpuState *s = &g->s;
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
+    const int last_only = !all_positions && st->T > 1;
+    const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written};
+    const GpuStep *rest = st;  // the step after the attention: `last` in a last_only step's last layer
     CUDA_TRY(embedding_forward(s->x, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos, st->pos_device, s->C,
                                s->dtype, stream));
     MARK();
@@ -357,23 +367,27 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
             MARK();
             if (ops->attention(s, st, l, err)) return -1;
             MARK();
-            if (ops->attn_out(s, st, l, err)) return -1;
+            if (last_only && l == s->L - 1) {
+                CUDA_TRY(last_rows_to_front(s->x, s->atty, st->B, st->T, s->C, s->dtype, stream));
+                rest = &last;
+            }
+            if (ops->attn_out(s, rest, l, err)) return -1;
             MARK();
-            if (ops->mlp_in(s, st, l, err)) return -1;
+            if (ops->mlp_in(s, rest, l, err)) return -1;
             MARK();
-            if (ops->mlp_out(s, st, l, err)) return -1;
+            if (ops->mlp_out(s, rest, l, err)) return -1;
             MARK();
         }
         if (trace) {
             if (!g->host_trace)
                 g->host_trace = (float *)xmalloc((size_t)s->max_batch * s->max_seq * s->C * sizeof(float));
-            CUDA_TRY(cudaMemcpyAsync(g->host_trace, s->x, (size_t)st->M * s->C * sizeof(float),
+            CUDA_TRY(cudaMemcpyAsync(g->host_trace, s->x, (size_t)rest->M * s->C * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream));
             CUDA_TRY(cudaStreamSynchronize(stream));
-            trace(user, l, g->host_trace, st->B, st->T, s->C);
+            trace(user, l, g->host_trace, rest->B, rest->T, s->C);
         }
     }
-    if (ops->logits(s, st, all_positions, err)) return -1;
+    if (ops->logits(s, rest, all_positions, err)) return -1;
     MARK();
     return 0;
 }

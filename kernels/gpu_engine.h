@@ -22,7 +22,8 @@ int gpu_available(Error *err);
 Engine *gpu_engine_create(const GPT2Model *model, const EngineOptions *opt, Error *err);
 
 // Called by gpu_engine_forward_trace with the residual stream copied to the host: layer -1 after
-// the embedding, then layer l after block l. residual: fp32 [B*T, C], row b*T + t.
+// the embedding, then layer l after block l. residual: fp32 [B*T, C], row b*T + t; after the last
+// block of a forward that wants only the last positions' logits (T > 1), only those rows (T = 1).
 typedef void (*GpuTraceFn)(void *user, int layer, const float *residual, int B, int T, int C);
 
 // Engine.forward with a look inside: trace (if not NULL) sees the residual stream after the

@@ -12,6 +12,11 @@
 cudaError_t embedding_forward(float *x, const int *tokens, const void *wte, const void *wpe, int M, int T,
                               int pos, const int *pos_device, int C, DType dt, cudaStream_t stream);
 
+// last_rows.cu: x[b] = x[b*T + T-1] and atty[b] = atty[b*T + T-1] for b < B, in place (T > 1): each
+// sequence's last row to the front, for the rest of a prompt's last layer (gpu_engine.cu). x fp32
+// [B*T, C], atty dtype [B*T, C].
+cudaError_t last_rows_to_front(float *x, void *atty, int B, int T, int C, DType dt, cudaStream_t stream);
+
 // layernorm.cu: out[r] = (x[r*in_stride + in_offset] - mean) * rstd * w + b for r < rows, eps 1e-5,
 // fp32 in, dtype out [rows, C]. in_stride/in_offset pick the rows (all, or each sequence's last).
 cudaError_t layernorm_forward(void *out, const float *x, const float *w, const float *b, int rows, int C,

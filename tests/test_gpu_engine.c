@@ -1,6 +1,7 @@
 // The GPU engine through the Engine API, on random models built in memory: the fused and reference
 // paths against the CPU engine, KV-cache decoding against one full forward (B = 1 and B > 1, fp32
-// and bf16, head sizes 32 and 64, contexts up to 1024), the fused path's graph-replayed,
+// and bf16, head sizes 32 and 64, contexts up to 1024; its prompts' last layers run on their last
+// rows only, so this checks that too), the fused path's graph-replayed,
 // device-sampled decode step, bf16 against fp32, the LayerNorm-folded
 // vectors, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips
 // without a GPU.
@@ -511,6 +512,9 @@ int main(void) {
             check_against_cpu(&m, be, tag, DTYPE_F32, 1e-5, 2, T);
             check_decode(&m, be, tag, 1, T, T / 3 > 0 ? T / 3 : 1);
             check_decode(&m, be, tag, 3, T, T / 3 > 0 ? T / 3 : 1);
+            // 9 sequences: a prompt's last layer runs on each sequence's last row, moved to the front
+            // eight rows at a time (last_rows.cu), so two groups and a partial one.
+            if (i == 0) check_decode(&m, be, tag, 9, T, T / 3);
         }
         check_graph_decode(&m, tag, DTYPE_F32, 1, T, T / 3 > 0 ? T / 3 : 1);
         check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);  // 20 rows: the cuBLAS route
