@@ -2,7 +2,7 @@
 // GpuState: the weights on the device, the LayerNorm-folded vectors, the KV cache and the
 // activation buffers. Its forward loop is the same for every table:
 //
-//   embedding(tokens) -> x                                  (shared kernel, not in the table)
+//   embedding(tokens) -> x, and ln1(x) -> ln where the table asks (shared kernel, not in the table)
 //   for each layer l:
 //       ops->attn_in(l)     x -> q (table's own layout), k/v into the cache at pos..pos+T-1
 //       ops->attention(l)   q, cache -> atty [M, C]
@@ -110,6 +110,9 @@ typedef struct {
     // shapes (max_batch, max_seq, NH, HS); NULL or 0: none. The engine allocates it once with the
     // activations, zeroed, as s->workspace.
     size_t (*workspace_bytes)(const struct GpuState *s);
+    // 1 where the embedding kernel should also write layer 0's ln1 into s->ln for this step (the
+    // table's attn_in then runs no LayerNorm kernel for it); NULL: never.
+    int (*embedding_writes_ln1)(const GpuState *s, const GpuStep *st);
     int (*attn_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*attention)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*attn_out)(GpuState *s, const GpuStep *st, int l, Error *err);

@@ -358,8 +358,10 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
     const int last_only = !all_positions && st->T > 1;
     const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written};
     const GpuStep *rest = st;  // the step after the attention: `last` in a last_only step's last layer
-    CUDA_TRY(embedding_forward(s->x, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos, st->pos_device, s->C,
-                               s->dtype, stream));
+    const GpuLayer *first = &s->layers[0];
+    void *ln1 = ops->embedding_writes_ln1 && ops->embedding_writes_ln1(s, st) ? s->ln : NULL;
+    CUDA_TRY(embedding_forward(s->x, ln1, first->ln1w, first->ln1b, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos,
+                               st->pos_device, s->C, s->dtype, stream));
     MARK();
     for (int l = -1; l < s->L; l++) {
         if (l >= 0) {

@@ -23,8 +23,9 @@
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache).
-//              On Hopper at 2-64 rows in bf16, past layer 0, no LayerNorm kernel: qkv folds ln1 in
-//              from what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
+//              Layer 0's LayerNorm is the embedding kernel's. On Hopper at 2-64 rows in bf16, past
+//              layer 0, no LayerNorm kernel either: qkv folds ln1 in from what the previous layer's
+//              mlp_out wrote (gemm_rows_ln_folded)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
 //              at 2-64 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
 //   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
@@ -200,6 +201,13 @@ static int mlp_out_feeds_ln(const GpuState *s, const GpuStep *st, int l) {
     return slices <= s->C / FOLD_MIN_SLICE ? slices : 0;
 }
 
+// Layer 0's ln1 comes from the embedding kernel wherever its qkv takes the many-row route (prefill,
+// and batched decode from 2 rows on Hopper): that route's LayerNorm kernel and its boundary go
+// (docs/PERF.md, "Session 29"). The one place both ask.
+static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
+    return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C);
+}
+
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     const int slices = l > 0 ? mlp_out_feeds_ln(s, st, l - 1) : 0;
@@ -213,7 +221,8 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
         return 0;
     }
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
-        CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
+        if (l > 0 || !fused_embedding_writes_ln1(s, st))
+            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M, 3 * s->C,
                               s->C, NULL, err))
             return -1;
@@ -345,6 +354,7 @@ const BlockOps fused_ops = {
     .score_buffers = 0,
     .device_position = 1,
     .workspace_bytes = fused_workspace_bytes,
+    .embedding_writes_ln1 = fused_embedding_writes_ln1,
     .attn_in = fused_attn_in,
     .attention = fused_attention_op,
     .attn_out = fused_attn_out,

@@ -81,6 +81,7 @@ const BlockOps reference_ops = {
     .score_buffers = 1,
     .device_position = 0,  // cuBLAS calls sized by the position: no graph replay
     .workspace_bytes = NULL,
+    .embedding_writes_ln1 = NULL,  // ln1 stays the LayerNorm kernel's
     .attn_in = ref_attn_in,
     .attention = ref_attention,
     .attn_out = ref_attn_out,

@@ -533,13 +533,17 @@ int main(void) {
         if (i == 0) check_trace(&m), check_errors(&m);
         gpt2_model_free(&m);
     }
-    // Layers of GPT-2 medium (C 1024, NH 16) and XL (C 1600, NH 25) against the CPU; a long context
+    // Layers of GPT-2 medium (C 1024, NH 16), XL (C 1600, NH 25) and wider against the CPU; a long context
     // (1024 positions) decoded through the cache.
     Shape big[] = {
         {"medium_layer", {.max_seq_len = 48, .vocab_size = 600, .padded_vocab_size = 640, .num_layers = 2,
                           .num_heads = 16, .channels = 1024}},
         {"xl_layer", {.max_seq_len = 32, .vocab_size = 1000, .padded_vocab_size = 1024, .num_layers = 1,
                       .num_heads = 25, .channels = 1600}},
+        // Wider than any GPT-2 (C 2304): the embedding kernel's LayerNorm with more than 256 threads a
+        // row (past the fused rows: 24 rows in check_against_cpu).
+        {"wide_layer", {.max_seq_len = 12, .vocab_size = 128, .padded_vocab_size = 128, .num_layers = 1,
+                        .num_heads = 36, .channels = 2304}},
     };
     for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
         GPT2Model m;
