@@ -449,6 +449,13 @@ int pick_split(int K, int rb, Mode mode = ROWS_PLAIN) {
     return ks;
 }
 
+// 1 when the grid for M rows of N columns, rb rows a block and K over ks blocks is one wave of
+// blocks (one an SM).
+bool one_wave(int M, int N, int rb, int ks) {
+    const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
+    return blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
+}
+
 // Rows a block: 16 to 16 rows, 32 to 32, and past 32 rows 32 where K is whole (two row blocks at
 // 64: half of x's bytes after the wait, for twice the W reads before it) but 64 where K splits (a
 // split tile's partial sums and cluster barrier cost the same for 64 rows as for 32). Measured in
@@ -457,13 +464,23 @@ int pick_split(int K, int rb, Mode mode = ROWS_PLAIN) {
 // (K = 3072 over 4 blocks) 4.71 / 5.04 us at 48 / 64 rows with 64 a block, 5.18 / 5.42 with 32.
 // With the LayerNorm statistics in its epilogue (stats: per-value work that 64 rows a block
 // doubles) 32 a block ran batched decode 2.5% faster at 48-64 rows ("Session 23").
+// The modes with a LayerNorm's per-row work (statistics, their exchange across a cluster, the
+// fold's merge: work that grows with a block's rows, after a short K loop) take 16 rows a block
+// past 16 rows too, wherever that grid is still one wave: the attention projection with LN2 at
+// every batch, the folded qkv to 48 rows and the MLP projection's statistics to 32 on GPT-2 124M
+// (batched decode +2-4% at 24-64 rows, "Session 29"; the plain fc gained nothing so: -1 to -3% at
+// 32-48 rows).
 // GPT2_ROWS_TILE=16|32|64 forces one.
-int pick_rows(int M, int K, bool stats = false) {
+int pick_rows(int M, int N, int K, Mode mode = ROWS_PLAIN) {
     static int forced = -1;
     const int rb = env_knob("GPT2_ROWS_TILE", &forced);
     if (rb == 16 || rb == 32 || rb == 64) return rb;
     if (M <= 16) return 16;
-    return M <= 32 || stats || fits(K, 32, 1) ? 32 : 64;
+    if (mode != ROWS_PLAIN) {
+        const int ks = pick_split(K, 16, mode);
+        if (fits(K, 16, ks, mode) && one_wave(M, N, 16, ks)) return 16;
+    }
+    return M <= 32 || mode == ROWS_STATS || fits(K, 32, 1) ? 32 : 64;
 }
 
 // 1 when clusters of `blocks` blocks of the LayerNorm kernel with RB rows and K fit on the device
@@ -512,14 +529,11 @@ extern "C" int gemm_rows_available(void) {
 // "Session 22").
 constexpr int ONE_WAVE_PAST = 32;
 
-static bool wave_rule(int M, int N, int rb, int ks) {
-    const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
-    return M <= ONE_WAVE_PAST || blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
-}
+static bool wave_rule(int M, int N, int rb, int ks) { return M <= ONE_WAVE_PAST || one_wave(M, N, rb, ks); }
 
 extern "C" int gemm_rows_takes(int M, int N, int K) {
     if (!gemm_rows_available() || M < 0 || M > 64 || N <= 0 || K <= 0 || K % BK) return 0;
-    const int rb = pick_rows(M, K), ks = pick_split(K, rb);
+    const int rb = pick_rows(M, N, K), ks = pick_split(K, rb);
     return fits(K, rb, ks) && wave_rule(M, N, rb, ks);
 }
 
@@ -529,7 +543,7 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
         epilogue < MATMUL_LT_NONE || epilogue > MATMUL_LT_BIAS_GELU || (rb && rb != 16 && rb != 32 && rb != 64) ||
         (ks && ks != 1 && ks != 2 && ks != 4 && ks != 8))
         return cudaErrorInvalidValue;
-    if (!rb) rb = pick_rows(M, K);
+    if (!rb) rb = pick_rows(M, N, K);
     if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16)
         return cudaErrorNotSupported;
     if (!ks) ks = pick_split(K, rb);
@@ -554,7 +568,7 @@ extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
     static int off = -1;  // GPT2_ROWS_LN=0
     if (off < 0) off = getenv("GPT2_ROWS_LN") && strcmp(getenv("GPT2_ROWS_LN"), "0") == 0;
     return !off && gemm_rows_available() && M >= 0 && M <= 64 && N > 0 && K > 0 && K % BK == 0 &&
-           ln_fits(N, K, pick_rows(M, K));
+           ln_fits(N, K, pick_rows(M, N, K, ROWS_LN));
 }
 
 extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias,
@@ -563,7 +577,7 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
     if (M < 0 || N <= 0 || K <= 0 || !y || !x || !W || !bias || !gamma || !beta || !ln ||
         (rb && rb != 16 && rb != 32 && rb != 64))
         return cudaErrorInvalidValue;
-    if (!rb) rb = pick_rows(M, K);
+    if (!rb) rb = pick_rows(M, N, K, ROWS_LN);
     if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 || !ln_fits(N, K, rb))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
@@ -585,7 +599,7 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
 // fits too and its grid keeps the one-wave rule; false otherwise.
 static bool stats_shape(int M, int N, int K, int *rb, int *ks) {
     if (!gemm_rows_takes(M, N, K) || N % BF) return false;
-    *rb = pick_rows(M, K, true), *ks = pick_split(K, *rb, ROWS_STATS);
+    *rb = pick_rows(M, N, K, ROWS_STATS), *ks = pick_split(K, *rb, ROWS_STATS);
     return fits(K, *rb, *ks, ROWS_STATS) && wave_rule(M, N, *rb, *ks);
 }
 
@@ -617,7 +631,7 @@ extern "C" cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x
     if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !x || !W || !s || !bias || !stats || !shift || slices <= 0 ||
         K % slices || (rb && rb != 16 && rb != 32 && rb != 64))
         return cudaErrorInvalidValue;
-    if (!rb) rb = pick_rows(M, K);
+    if (!rb) rb = pick_rows(M, N, K, ROWS_FOLDED);
     const int ks = pick_split(K, rb, ROWS_FOLDED);
     if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
         (uintptr_t)stats % 8 || !fits(K, rb, ks, ROWS_FOLDED))
