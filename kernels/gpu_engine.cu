@@ -25,10 +25,12 @@ typedef struct {
     int top_k;
 } DecodeGraph;
 
-// A forward of one shape (B, T, pos, which logits) captured as a CUDA graph once the shape repeats
-// (scoring, validation, a server's usual prompt lengths; gpu_forward_impl says why).
+// A forward of one shape (B, T, pos, which logits, whether greedy's ids were asked for) captured as
+// a CUDA graph once the shape repeats (scoring, validation, a server's usual prompt lengths;
+// gpu_forward_impl says why).
 typedef struct {
-    int B, T, pos, all_positions;
+    int B, T, pos, all_positions, greedy;
+    int greedy_written;           // what the logits op said at the capture (GpuStep.greedy_written)
     int calls;                    // forwards of this shape so far
     cudaGraphExec_t exec;         // captured at the second
     unsigned long long last_use;  // the engine's forward count at the last call; 0: empty slot
@@ -413,7 +415,8 @@ static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_posi
     ForwardGraph *slot = NULL, *oldest = &g->fwd[0];
     for (int i = 0; i < FORWARD_GRAPHS && !slot; i++) {
         ForwardGraph *f = &g->fwd[i];
-        if (f->last_use && f->B == st->B && f->T == st->T && f->pos == st->pos && f->all_positions == all_positions)
+        if (f->last_use && f->B == st->B && f->T == st->T && f->pos == st->pos && f->all_positions == all_positions &&
+            f->greedy == (st->greedy_next != NULL))
             slot = f;
         else if (f->last_use < oldest->last_use)
             oldest = f;
@@ -421,7 +424,7 @@ static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_posi
     if (!slot) {
         slot = oldest;
         if (slot->exec) CUDA_WARN(cudaGraphExecDestroy(slot->exec));
-        *slot = (ForwardGraph){st->B, st->T, st->pos, all_positions, 0, NULL, 0};
+        *slot = (ForwardGraph){st->B, st->T, st->pos, all_positions, st->greedy_next != NULL, 0, 0, NULL, 0};
     }
     slot->calls++;
     slot->last_use = ++g->forwards;
@@ -456,6 +459,7 @@ static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, Err
     int rc = enqueue_model(g, st, g->s.tokens, f->all_positions, 0, &unused, NULL, NULL, err);
     rc = end_capture(stream, rc, &f->exec, err);
     if (rc == 0) g->graph_stats.forward_captures++;
+    f->greedy_written = st->greedy_written && *st->greedy_written;
     return rc;
 }
 
@@ -468,6 +472,7 @@ static int run_model(GpuEngine *g, const GpuStep *st, int all_positions, int pro
         if (f->exec) {
             CUDA_TRY(cudaGraphLaunch(f->exec, g->s.stream));
             g->graph_stats.forward_replays++;
+            if (st->greedy_written) *st->greedy_written = f->greedy_written;
             return 0;
         }
     }
@@ -553,17 +558,18 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
 }
 
 // A prompt (T > 1): the forward as gpu_forward_impl runs it (its graph once the shape repeats),
-// then the sampler on each sequence's last row, with no synchronisation between them. The draws
-// go through the staging area, which gpu_decode has filled.
+// then the sampler on each sequence's last row, with no synchronisation between them; greedy
+// decoding offers the logits op the ids, as a decode step does. The draws go through the staging
+// area, which gpu_decode has filled.
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, Error *err) {
     GpuState *s = &g->s;
-    int mb = s->max_batch, unused = 0;
-    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
+    int mb = s->max_batch, unused = 0, sampled = 0;
+    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? next_dev(g) : NULL, &sampled};
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, s->stream));
     CUDA_TRY(cudaMemcpyAsync(g->io_dev + 1 + mb, g->io_host + 1 + mb, (size_t)B * sizeof(float),
                              cudaMemcpyHostToDevice, s->stream));
     if (run_model(g, &st, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_sample(g, B, smp, 0, err);
+    return enqueue_sample(g, B, smp, sampled, err);
 }
 
 static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
