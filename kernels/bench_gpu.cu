@@ -288,7 +288,7 @@ int bench_linear(Ctx &c, int op, DType dt, int M, int K, int N, BenchKernelRow *
     auto unfused = [&](int i) -> int {
         int w = i % copies;
         if (gelu) {
-            CUDA_TRY(layernorm_forward(ln, x32, gamma, beta, M, K, 1, 0, dt, c.st));
+            CUDA_TRY(layernorm_forward(ln, x32, gamma, beta, M, K, dt, c.st));
             CUBLAS_TRY(matmul_nt(c.cublas, scratch, N, ln, W[w], M, N, K, dt));
             CUDA_TRY(bias_add(scratch, bias, M, N, c.st));
             CUDA_TRY(gelu_forward(y_u, scratch, (size_t)M * N, dt, c.st));

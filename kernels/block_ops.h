@@ -118,9 +118,9 @@ typedef struct {
     int (*attn_out)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*mlp_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*mlp_out)(GpuState *s, const GpuStep *st, int l, Error *err);
-    // lnf + wte^T into s->logits: rows b*T + t for all positions, or one row b per sequence (its
-    // last token, row b*T + T-1 of x) when !all_positions. Row stride s->logits_ld. It may also
-    // write greedy tokens (GpuStep.greedy_next).
+    // lnf + wte^T into s->logits: the first rows of x, all M of them for all positions, else B, one
+    // a sequence (st->T is 1 then: the loop has moved each sequence's last row to the front). Row
+    // stride s->logits_ld. It may also write greedy tokens (GpuStep.greedy_next).
     int (*logits)(GpuState *s, const GpuStep *st, int all_positions, Error *err);
 } BlockOps;
 

@@ -81,6 +81,6 @@ cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float
             e = launch_pdl(embedding_kernel<E, false>, dim3(M), dim3(threads), 0, stream, x, (E *)NULL, ln_w, ln_b,
                            tokens, (const E *)wte, (const E *)wpe, T, pos, pos_device, C);
     });
-    if (e == cudaSuccess && ln && !fused_ln) e = layernorm_forward(ln, x, ln_w, ln_b, M, C, 1, 0, dt, stream);
+    if (e == cudaSuccess && ln && !fused_ln) e = layernorm_forward(ln, x, ln_w, ln_b, M, C, dt, stream);
     return e;
 }

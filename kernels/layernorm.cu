@@ -1,8 +1,7 @@
 // LayerNorm over C channels: (x - mean) / sqrt(var + 1e-5) * w + b, biased variance, as GPT-2.
 // fp32 residual in, compute dtype out (it feeds a matrix product). Two passes over the row (mean,
 // then the centred sum of squares) rather than mean(x^2) - mean^2: this is the reference, so it
-// takes the accurate form. One warp per row; in_stride/in_offset select which rows of x to read,
-// so the logits can normalise only each sequence's last token without a gather.
+// takes the accurate form. One warp per row.
 //
 // The fused table's many-row route runs this kernel too (before its cuBLASLt products), so it is
 // written for speed where that costs no accuracy: with C % 4 == 0 and C <= 2048 (every GPT-2) each
@@ -29,7 +28,7 @@ __device__ __forceinline__ void store4(bf16 *o, float a, float b, float c, float
 // VEC: the row in registers as float4s (C % 4 == 0, C <= 2048); else a strided loop over x.
 template <typename T, bool VEC>
 __global__ void layernorm_kernel(T *__restrict__ out, const float *__restrict__ x, const float *__restrict__ w,
-                                 const float *__restrict__ b, int rows, int C, int in_stride, int in_offset) {
+                                 const float *__restrict__ b, int rows, int C) {
     TRACE_KERNEL_EXIT;        // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: a hint only; cuBLASLt's kernels that follow are not PDL'd
     pdl_wait();               // x comes from the kernel before
@@ -37,7 +36,7 @@ __global__ void layernorm_kernel(T *__restrict__ out, const float *__restrict__ 
     const int r = blockIdx.x * warps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= rows) return;
-    const float *xr = x + ((size_t)r * in_stride + in_offset) * C;
+    const float *xr = x + (size_t)r * C;
     T *o = out + (size_t)r * C;
     if constexpr (VEC) {
         const int C4 = C / 4;
@@ -81,7 +80,7 @@ __global__ void layernorm_kernel(T *__restrict__ out, const float *__restrict__ 
 }
 
 cudaError_t layernorm_forward(void *out, const float *x, const float *w, const float *b, int rows, int C,
-                              int in_stride, int in_offset, DType dt, cudaStream_t stream) {
+                              DType dt, cudaStream_t stream) {
     const int threads = rows <= 256 ? 64 : 128, per_block = threads / 32;
     const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
     // 16-byte loads need every row start (and w, b, out) 16-byte aligned: C % 4 == 0 and aligned bases.
@@ -95,10 +94,10 @@ cudaError_t layernorm_forward(void *out, const float *x, const float *w, const f
     DISPATCH_DTYPE(dt, E, {
         if (vec)
             e = launch_pdl(layernorm_kernel<E, true>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b, rows,
-                           C, in_stride, in_offset);
+                           C);
         else
             e = launch_pdl(layernorm_kernel<E, false>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b,
-                           rows, C, in_stride, in_offset);
+                           rows, C);
     });
     return e;
 }

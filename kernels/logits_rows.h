@@ -24,10 +24,9 @@
 //
 // Shapes: 1 <= M <= 64, K % 8 == 0 and x's M rows of K plus a ring of four slices fitting in shared
 // memory (logits_rows_takes: every GPT-2 size to 64 rows but 1558M past 32); y [M, N] fp32 rows ldy
-// apart (N <= ldy: only N columns are written), x bf16 [M, K] rows ldx apart (ldx % 8 == 0: a
-// decode prompt's last rows are T rows apart), W bf16 [N, K]; x and W 16-byte aligned. All
-// pointers are device memory; nothing is allocated per call (the tensor maps are kernel
-// parameters), so calls can be captured in a CUDA graph.
+// apart (N <= ldy: only N columns are written), x bf16 [M, K] rows ldx apart (ldx % 8 == 0),
+// W bf16 [N, K]; x and W 16-byte aligned. All pointers are device memory; nothing is allocated per
+// call (the tensor maps are kernel parameters), so calls can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime_api.h>

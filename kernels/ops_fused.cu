@@ -7,7 +7,7 @@
 //   mlp_in     fused_ln_linear: h = gelu(ln2(x) @ fcw^T + fcb)
 //   mlp_out    linear_residual: x += h @ fcprojw^T + fcprojb
 //   logits     fused_ln_linear: lnf folded into wte[:V]^T, fp32 logits; all rows, or each sequence's
-//              last row (x rows T*C apart)
+//              last row (moved to the front of x by the loop: block_ops.h)
 //
 // Routing by rows. The fused linear kernels win while the weights' bytes dominate (decode: a GEMV
 // reading each weight once over all SMs), and lose to cuBLAS's GEMMs once the rows make it a
@@ -32,7 +32,7 @@
 //              pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
 //              also writes ln1's shifted input and row statistics (gemm_rows_residual_stats)
-//   logits     LayerNorm (all rows, or each sequence's last) -> ln @ wte[:V]^T, rows logits_ld apart:
+//   logits     LayerNorm -> ln @ wte[:V]^T, rows logits_ld apart:
 //              logits_rows (bf16 on Hopper, to 64 rows), else cuBLASLt; in batched decode where the
 //              last mlp_out wrote lnf's statistics, logits_rows with lnf folded in and no LayerNorm;
 //              logits_rows, and the GEMV where it takes the logits, also take greedy decoding's tokens
@@ -222,7 +222,7 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     }
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
         if (l > 0 || !fused_embedding_writes_ln1(s, st))
-            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, 1, 0, s->dtype, s->stream));
+            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M, 3 * s->C,
                               s->C, NULL, err))
             return -1;
@@ -274,7 +274,7 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
         if (!attn_out_writes_ln2(s, st))
-            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, 1, 0, s->dtype, s->stream));
+            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
                               s->C, s->scratch, err))
             return -1;
@@ -325,10 +325,9 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
                              logits_greedy(s, st, all_positions, &greedy), s->stream));
         return 0;
     }
-    // Past the fused rows the LayerNorm kernel gathers the rows (all, or each sequence's last).
+    // Past the fused rows the LayerNorm kernel, then logits_rows or cuBLASLt.
     if (rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C)) {
-        CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, all_positions ? 1 : st->T,
-                                   all_positions ? 0 : st->T - 1, s->dtype, s->stream));
+        CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, s->dtype, s->stream));
         if (logits_take_rows(s, rows)) {
             CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, NULL,
                                  logits_greedy(s, st, all_positions, &greedy), s->stream));
@@ -340,9 +339,7 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
                              s->logits_ld, s->C, NULL, s->stream));
         return 0;
     }
-    const float *x = all_positions ? s->x : s->x + (size_t)(st->T - 1) * s->C;
-    const long long ldx = all_positions ? s->C : (long long)st->T * s->C;
-    FUSED_TRY(fused_ln_linear_ex(x, ldx, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->logits_ld, DTYPE_F32,
+    FUSED_TRY(fused_ln_linear_ex(s->x, s->C, s->lnfw, s->wte, s->dtype, s->lnf_s, s->lnf_b, s->logits, s->logits_ld, DTYPE_F32,
                                  rows, s->V, s->C, ACT_NONE, NULL, logits_greedy(s, st, all_positions, &greedy),
                                  LINEAR_PATH_AUTO, s->stream));
     return 0;

@@ -19,7 +19,7 @@
 static int ref_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     int C = s->C;
-    CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, C, 1, 0, s->dtype, s->stream));
+    CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, C, s->dtype, s->stream));
     CUBLAS_TRY(matmul_nt(s->cublas, s->scratch, 3 * C, s->ln, ly->qkvw, st->M, 3 * C, C, s->dtype));
     CUDA_TRY(bias_add(s->scratch, ly->qkvb, st->M, 3 * C, s->stream));
     CUDA_TRY(qkv_to_heads(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, s->NH, s->HS,
@@ -53,7 +53,7 @@ static int ref_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int ref_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     int C = s->C;
-    CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, C, 1, 0, s->dtype, s->stream));
+    CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, C, s->dtype, s->stream));
     CUBLAS_TRY(matmul_nt(s->cublas, s->scratch, 4 * C, s->ln, ly->fcw, st->M, 4 * C, C, s->dtype));
     CUDA_TRY(bias_add(s->scratch, ly->fcb, st->M, 4 * C, s->stream));
     CUDA_TRY(gelu_forward(s->h, s->scratch, (size_t)st->M * 4 * C, s->dtype, s->stream));
@@ -69,8 +69,7 @@ static int ref_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int ref_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     int rows = all_positions ? st->M : st->B;
-    int stride = all_positions ? 1 : st->T, offset = all_positions ? 0 : st->T - 1;
-    CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, stride, offset, s->dtype, s->stream));
+    CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, s->dtype, s->stream));
     CUBLAS_TRY(matmul_nt(s->cublas, s->logits, s->logits_ld, s->ln, s->wte, rows, s->V, s->C, s->dtype));
     return 0;
 }

@@ -20,10 +20,10 @@ cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float
 // [B*T, C], atty dtype [B*T, C].
 cudaError_t last_rows_to_front(float *x, void *atty, int B, int T, int C, DType dt, cudaStream_t stream);
 
-// layernorm.cu: out[r] = (x[r*in_stride + in_offset] - mean) * rstd * w + b for r < rows, eps 1e-5,
-// fp32 in, dtype out [rows, C]. in_stride/in_offset pick the rows (all, or each sequence's last).
+// layernorm.cu: out[r] = (x[r] - mean) * rstd * w + b for r < rows, eps 1e-5, fp32 in, dtype out
+// [rows, C].
 cudaError_t layernorm_forward(void *out, const float *x, const float *w, const float *b, int rows, int C,
-                              int in_stride, int in_offset, DType dt, cudaStream_t stream);
+                              DType dt, cudaStream_t stream);
 
 // bias.cu: y[M, N] += b[N], fp32, in place.
 cudaError_t bias_add(float *y, const float *b, int M, int N, cudaStream_t stream);
