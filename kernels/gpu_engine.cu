@@ -17,20 +17,27 @@
 #include "kernel_trace.cuh"
 #include "sampling.h"
 
+// The pick of the next tokens a captured graph bakes in after the model: none (on = 0: a plain
+// forward), or the sampler's settings (greedy's as temperature 0, whatever its top-k and top-p).
+typedef struct {
+    int on;
+    float temperature, top_p;
+    int top_k;
+} PickKey;
+
 // A decode step captured as a CUDA graph for one batch size and the sampler settings it bakes in;
 // the position, tokens and draws reach it through the staging area.
 typedef struct {
     cudaGraphExec_t exec;
-    float temperature, top_p;
-    int top_k;
+    PickKey pick;
 } DecodeGraph;
 
-// A forward of one shape (B, T, pos, which logits, whether greedy's ids were asked for) captured as
+// A forward of one shape (B, T, pos, which logits, and for a prompt the pick after it) captured as
 // a CUDA graph once the shape repeats (scoring, validation, a server's usual prompt lengths;
 // gpu_forward_impl says why).
 typedef struct {
-    int B, T, pos, all_positions, greedy;
-    int greedy_written;           // what the logits op said at the capture (GpuStep.greedy_written)
+    int B, T, pos, all_positions;
+    PickKey pick;
     int calls;                    // forwards of this shape so far
     cudaGraphExec_t exec;         // captured at the second
     unsigned long long last_use;  // the engine's forward count at the last call; 0: empty slot
@@ -67,6 +74,16 @@ typedef struct {
 static const size_t kCublasWorkspaceBytes = 32u << 20;  // what NVIDIA advises for Hopper
 
 static void gpu_engine_destroy(Engine *e);
+
+static PickKey pick_key(const Sampler *smp) {
+    if (!smp) return (PickKey){0, 0.0f, 0.0f, 0};
+    if (smp->temperature <= 0.0f) return (PickKey){1, 0.0f, 1.0f, 0};
+    return (PickKey){1, smp->temperature, smp->top_p, smp->top_k};
+}
+
+static int same_pick(PickKey a, PickKey b) {
+    return a.on == b.on && a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k;
+}
 
 #ifdef GPT2_TRACE
 // ----------------------------------------------------------------------------
@@ -397,26 +414,44 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 }
 
 // ----------------------------------------------------------------------------
+// The pick of the next tokens (decode steps and prompts)
+
+// The device copy of the staging area's sampled ids.
+static int *next_dev(GpuEngine *g) { return g->io_dev + 1 + 2 * g->s.max_batch; }
+
+// The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
+// with the draws already in the staging area's device copy, the ids into its device copy.
+static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, Error *err) {
+    GpuState *s = &g->s;
+    const float *draws = (const float *)(g->io_dev + 1 + s->max_batch);
+    if (!sampled)
+        CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
+                                  next_dev(g), g->sampling_ws, g->sampling_ws_bytes, s->stream));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // Forward graphs. A prefill is ~90 launches (7 or 8 a layer); enqueued one by one they cost the
 // host ~5 us each, more than the GPU needs for a short prompt, and the GPU waits a few us at each
 // kernel boundary. Measured on an H200 (docs/PERF.md, "Session 5"): a 128-token prefill took the
 // host 480 us to enqueue for 575 us in all, a 1024-token one 450 us for 940 us of which ~650 us
-// were kernels. So a shape that comes back (B, T, pos and which logits: everything the enqueued
-// work bakes in; the tokens and the logits travel outside the graph) is captured at its second
-// forward and replayed from then on. The first forward of a shape stays eager: it builds the
-// cuBLASLt plans the capture then reuses (and times the candidates of the large ones, which cannot
-// happen inside a capture), and a prompt seen once would only pay for a capture. Only the
-// fused table, whose ops are all capturable (as decode's graphs). Every forward synchronises before
+// were kernels. So a shape that comes back (B, T, pos, which logits and a prompt's sampler:
+// everything the enqueued work bakes in; the tokens, draws, ids and logits travel outside the
+// graph) is captured at its second forward and replayed from then on. The first forward of a
+// shape stays eager: it builds the cuBLASLt plans the capture then reuses (and times the
+// candidates of the large ones, which cannot happen inside a capture), and a prompt seen once
+// would only pay for a capture. Only the fused table, whose ops are all capturable (as decode's
+// graphs). Every forward synchronises before
 // it returns, so no graph is still running when a slot's is destroyed.
 
 // The slot of this shape, its call counted: the one holding it, else an empty or the least
 // recently used one (its graph dropped).
-static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_positions) {
+static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_positions, PickKey pick) {
     ForwardGraph *slot = NULL, *oldest = &g->fwd[0];
     for (int i = 0; i < FORWARD_GRAPHS && !slot; i++) {
         ForwardGraph *f = &g->fwd[i];
         if (f->last_use && f->B == st->B && f->T == st->T && f->pos == st->pos && f->all_positions == all_positions &&
-            f->greedy == (st->greedy_next != NULL))
+            same_pick(f->pick, pick))
             slot = f;
         else if (f->last_use < oldest->last_use)
             oldest = f;
@@ -424,7 +459,7 @@ static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_posi
     if (!slot) {
         slot = oldest;
         if (slot->exec) CUDA_WARN(cudaGraphExecDestroy(slot->exec));
-        *slot = (ForwardGraph){st->B, st->T, st->pos, all_positions, st->greedy_next != NULL, 0, 0, NULL, 0};
+        *slot = (ForwardGraph){st->B, st->T, st->pos, all_positions, pick, 0, NULL, 0};
     }
     slot->calls++;
     slot->last_use = ++g->forwards;
@@ -452,31 +487,39 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
     return rc;
 }
 
-static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, Error *err) {
+// The model's work for one forward, then, given a sampler (a prompt), its pick of each sequence's
+// next token into the staging area's device copy.
+static int enqueue_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile,
+                           int *ev, GpuTraceFn trace, void *user, Error *err) {
+    if (enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err)) return -1;
+    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, err) : 0;
+}
+
+static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, const Sampler *smp, Error *err) {
     cudaStream_t stream = g->s.stream;
     int unused = 0;
     CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    int rc = enqueue_model(g, st, g->s.tokens, f->all_positions, 0, &unused, NULL, NULL, err);
+    int rc = enqueue_forward(g, st, f->all_positions, smp, 0, &unused, NULL, NULL, err);
     rc = end_capture(stream, rc, &f->exec, err);
     if (rc == 0) g->graph_stats.forward_captures++;
-    f->greedy_written = st->greedy_written && *st->greedy_written;
     return rc;
 }
 
-// The model's work for one forward: a graph's replay where the shape repeats, else enqueued.
-static int run_model(GpuEngine *g, const GpuStep *st, int all_positions, int profile, int *ev, GpuTraceFn trace,
-                     void *user, Error *err) {
+// A forward (enqueue_forward): a graph's replay where the shape and the pick repeat, else enqueued.
+// The pick is inside the graph: an eager sampler kernel after the replayed graph cost a prompt
+// ~25 us more than the kernel itself (docs/PERF.md, "Session 30").
+static int run_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile, int *ev,
+                       GpuTraceFn trace, void *user, Error *err) {
     if (g->fwd_graphs_on && g->ops->device_position && !profile && !trace) {
-        ForwardGraph *f = forward_graph(g, st, all_positions);
-        if (!f->exec && f->calls >= 2 && capture_forward(g, f, st, err)) return -1;
+        ForwardGraph *f = forward_graph(g, st, all_positions, pick_key(smp));
+        if (!f->exec && f->calls >= 2 && capture_forward(g, f, st, smp, err)) return -1;
         if (f->exec) {
             CUDA_TRY(cudaGraphLaunch(f->exec, g->s.stream));
             g->graph_stats.forward_replays++;
-            if (st->greedy_written) *st->greedy_written = f->greedy_written;
             return 0;
         }
     }
-    return enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err);
+    return enqueue_forward(g, st, all_positions, smp, profile, ev, trace, user, err);
 }
 
 static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos, float *logits, int all_positions,
@@ -484,13 +527,14 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
     if (check_step(s, tokens, B, T, pos, err)) return -1;
-    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
+    int unused = 0;
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, &unused};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
     MARK();
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (run_model(g, &st, all_positions, profile, ev, trace, user, err)) return -1;
+    if (run_forward(g, &st, all_positions, NULL, profile, ev, trace, user, err)) return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
     if (logits)  // NULL: left on the device (src/engine.h); the host's rows are V apart
         CUDA_TRY(cudaMemcpy2DAsync(logits, s->V * sizeof(float), s->logits, s->logits_ld * sizeof(float),
@@ -515,20 +559,10 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 // Decode: one token per sequence, sampled on the device, replayed as a CUDA graph; and the
 // prompt's first new token, sampled on the device after its forward
 
-// The device copy of the staging area's sampled ids.
-static int *next_dev(GpuEngine *g) { return g->io_dev + 1 + 2 * g->s.max_batch; }
-
-// The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
-// with the draws already in the staging area's device copy, and the ids back into its host copy.
-static int enqueue_sample(GpuEngine *g, int B, const Sampler *smp, int sampled, Error *err) {
-    GpuState *s = &g->s;
-    int mb = s->max_batch;
-    const float *draws = (const float *)(g->io_dev + 1 + mb);
-    if (!sampled)
-        CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
-                                  next_dev(g), g->sampling_ws, g->sampling_ws_bytes, s->stream));
-    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * mb, next_dev(g), (size_t)B * sizeof(int), cudaMemcpyDeviceToHost,
-                             s->stream));
+// The sampled ids back into the staging area's host copy.
+static int enqueue_ids_out(GpuEngine *g, int B, Error *err) {
+    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * g->s.max_batch, next_dev(g), (size_t)B * sizeof(int),
+                             cudaMemcpyDeviceToHost, g->s.stream));
     return 0;
 }
 
@@ -540,8 +574,10 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int 
     CUDA_TRY(cudaMemcpyAsync(g->io_dev, g->io_host, (1 + 2 * (size_t)mb) * sizeof(int), cudaMemcpyHostToDevice,
                              s->stream));
     GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? next_dev(g) : NULL, &sampled};
-    if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_sample(g, B, smp, sampled, err);
+    if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err) ||
+        enqueue_pick(g, B, smp, sampled, err))
+        return -1;
+    return enqueue_ids_out(g, B, err);
 }
 
 // Captures the decode step for batch B with these sampler settings (replacing an older capture).
@@ -552,15 +588,14 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
     CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = enqueue_decode(g, B, pos, smp, 1, err);
     rc = end_capture(stream, rc, &dg->exec, err);
-    *dg = (DecodeGraph){.exec = rc == 0 ? dg->exec : NULL, .temperature = smp->temperature, .top_p = smp->top_p,
-                        .top_k = smp->top_k};
+    *dg = (DecodeGraph){rc == 0 ? dg->exec : NULL, pick_key(smp)};
     return rc;
 }
 
-// A prompt (T > 1): the forward as gpu_forward_impl runs it (its graph once the shape repeats),
-// then the sampler on each sequence's last row, with no synchronisation between them; greedy
-// decoding offers the logits op the ids, as a decode step does. The draws go through the staging
-// area, which gpu_decode has filled.
+// A prompt (T > 1): the forward and the pick on each sequence's last row as gpu_forward_impl runs a
+// forward (one graph once the shape and the sampler repeat), with no synchronisation between them;
+// greedy decoding offers the logits op the ids, as a decode step does. The draws go through the
+// staging area, which gpu_decode has filled.
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, Error *err) {
     GpuState *s = &g->s;
     int mb = s->max_batch, unused = 0, sampled = 0;
@@ -568,8 +603,8 @@ static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, s->stream));
     CUDA_TRY(cudaMemcpyAsync(g->io_dev + 1 + mb, g->io_host + 1 + mb, (size_t)B * sizeof(float),
                              cudaMemcpyHostToDevice, s->stream));
-    if (run_model(g, &st, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_sample(g, B, smp, sampled, err);
+    if (run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err)) return -1;
+    return enqueue_ids_out(g, B, err);
 }
 
 static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
@@ -587,8 +622,7 @@ static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const
         memcpy(g->io_host + 1, tokens, (size_t)B * sizeof(int));
         if (g->ops->device_position) {
             DecodeGraph *dg = &g->graphs[B];
-            if (!dg->exec || dg->temperature != smp->temperature || dg->top_k != smp->top_k ||
-                dg->top_p != smp->top_p)
+            if (!dg->exec || !same_pick(dg->pick, pick_key(smp)))
                 if (capture_decode(g, dg, B, pos, smp, err)) return -1;
             CUDA_TRY(cudaGraphLaunch(dg->exec, s->stream));
         } else if (enqueue_decode(g, B, pos, smp, 0, err)) {

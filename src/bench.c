@@ -3,8 +3,9 @@
 // For each path (fused, reference; the CPU with --cpu) and each dtype the model allows (an fp32
 // model: fp32 and bf16; a bf16 one: bf16), through the Engine API that generation uses:
 //   prefill   time to first token of one sequence, prompt lengths 16, 128, 512, 1024: the prompt's
-//             forward and the greedy pick of the next token, as generation runs them (on the GPU
-//             the pick is made on the device and only its id comes back)
+//             forward and the pick of the next token, as generation runs them (on the GPU the pick
+//             is made on the device and only its id comes back); greedy, or --temp/--top-k/--top-p
+//             as generation takes them
 //   forward   8 x 1024 tokens with every position's logits (what validate and scoring need); on
 //             the GPU the logits stay on the device (1.65 GB of fp32 would otherwise time a host
 //             copy, not the engine), as PyTorch's figures are taken
@@ -20,8 +21,9 @@
 // engine's, the reference fp32 on the GPU, and its cached decode step against a full forward);
 // each figure is the median of --runs timed runs after untimed warm-up runs; times are CUDA events
 // around the work (the CPU: the monotonic clock). A decode step is generation's own
-// (engine_decode, greedy): B tokens through the model over the KV cache and the next B tokens
-// back, sampled on the device where the engine can, else from logits brought to the host.
+// (engine_decode, greedy unless --temp says otherwise): B tokens through the model over the KV cache
+// and the next B tokens back, sampled on the device where the engine can, else from logits brought
+// to the host.
 //
 // Without -m the model is a random one of --size (GPT-2's initialisation, normal(0, 0.02), seeded),
 // built in memory, so the bench runs on any GPU at once.
@@ -49,6 +51,8 @@ typedef struct {
     int paths;   // bit per BenchPath
     int dtypes;  // bit per DType; 0: every dtype the model allows
     int runs, warmup, new_tokens, decode_prompt;
+    float temperature, top_p;  // the sampler of the timed picks (generation's flags): 0 greedy
+    int top_k;
     int prompts[MAX_LIST], nprompts;
     int batches[MAX_LIST], nbatches;
     int forward_B, forward_T;
@@ -71,6 +75,9 @@ static void usage(void) {
             "  --new N              decode: new tokens per run (default 256)\n"
             "  --batches LIST       decode batch sizes (default 1,8,32,64)\n"
             "  --prompts LIST       prefill prompt lengths (default 16,128,512,1024)\n"
+            "  --temp T             time sampling at temperature T (0: greedy, the default)\n"
+            "  --top-k K            with --temp: the K most likely tokens; 0: all (default 0)\n"
+            "  --top-p P            with --temp: the smallest set reaching probability P (default 1)\n"
             "  --no-forward         skip the 8 x 1024 full forward\n"
             "  --no-profile         skip the per-op breakdown (GPU)\n"
             "  --kernels            instead: the fused kernels against the unfused ops they replace\n"
@@ -95,7 +102,7 @@ static int parse_list(const char *s, const char *flag, int *out, int lo, int hi)
 
 static void parse_args(BenchArgs *a, int argc, char **argv) {
     *a = (BenchArgs){.size = "124M", .profile = 1, .forward = 1, .runs = -1, .warmup = -1, .new_tokens = -1,
-                     .decode_prompt = 16, .forward_B = 8, .forward_T = 1024, .seed = 1,
+                     .decode_prompt = 16, .forward_B = 8, .forward_T = 1024, .seed = 1, .top_p = 1.0f,
                      .paths = 1 << PATH_FUSED | 1 << PATH_REFERENCE, .nprompts = -1, .nbatches = -1};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -113,6 +120,9 @@ static void parse_args(BenchArgs *a, int argc, char **argv) {
             a->seed = (uint64_t)cli_int(cli_value(argc, argv, &i), f, 0, __LONG_MAX__);
         else if (!strcmp(f, "--runs")) a->runs = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1000);
         else if (!strcmp(f, "--warmup")) a->warmup = (int)cli_int(cli_value(argc, argv, &i), f, 0, 1000);
+        else if (!strcmp(f, "--temp")) a->temperature = (float)cli_double(cli_value(argc, argv, &i), f, 0, 100);
+        else if (!strcmp(f, "--top-k")) a->top_k = (int)cli_int(cli_value(argc, argv, &i), f, 0, 1 << 24);
+        else if (!strcmp(f, "--top-p")) a->top_p = (float)cli_double(cli_value(argc, argv, &i), f, 0, 1);
         else if (!strcmp(f, "--new")) a->new_tokens = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1 << 20);
         else if (!strcmp(f, "--batches")) a->nbatches = parse_list(cli_value(argc, argv, &i), f, a->batches, 1, 4096);
         else if (!strcmp(f, "--prompts")) a->nprompts = parse_list(cli_value(argc, argv, &i), f, a->prompts, 1, 1 << 20);
@@ -425,8 +435,8 @@ static void run_prefill(Bench *b, Engine *e, BenchPath path, DType dt, int P, fl
     int *tokens = xmalloc((size_t)P * sizeof(int));
     fill_tokens(tokens, P, b->model->config.vocab_size, 7 + P);
     double *t = xmalloc(a->runs * sizeof(double));
-    Sampler greedy;
-    sampler_create(&greedy, b->model->config.vocab_size, 0.0f, 0, 1.0f, 1);
+    Sampler smp;
+    sampler_create(&smp, b->model->config.vocab_size, a->temperature, a->top_k, a->top_p, 1);
     Error err;
     int first;
     // Each step as generation runs it (engine_decode): on the GPU the pick is made on the device and
@@ -434,13 +444,13 @@ static void run_prefill(Bench *b, Engine *e, BenchPath path, DType dt, int P, fl
     for (int r = 0; r < a->warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s prefill %d: run %d/%d", path_names[path], dtype_name(dt), P, r + 1, a->warmup + a->runs);
         double t0 = timer_start(b);
-        if (engine_decode(e, tokens, 1, P, 0, &greedy, logits, &first, &err)) die("%s", err.msg);
+        if (engine_decode(e, tokens, 1, P, 0, &smp, logits, &first, &err)) die("%s", err.msg);
         double ms = timer_stop(b, t0);
         if (r >= a->warmup) t[r - a->warmup] = ms;
     }
     double ms = median(t, a->runs);
     add_result(b, (Result){path, dt, "prefill", 1, P, 0, ms, P * 1e3 / ms, -1, 0, -1});
-    sampler_free(&greedy);
+    sampler_free(&smp);
     free(tokens), free(t);
 }
 
@@ -463,25 +473,25 @@ static void run_forward(Bench *b, Engine *e, BenchPath path, DType dt, int B, in
     free(tokens), free(t);
 }
 
-// A prompt of P tokens per sequence and the pick of the first new token (untimed), then N greedy
-// decode steps, each feeding the last step's tokens, timed as one run.
+// A prompt of P tokens per sequence and the pick of the first new token (untimed), then N decode
+// steps (greedy, or --temp's sampler), each feeding the last step's tokens, timed as one run.
 static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int P, int N, float *logits) {
     const BenchArgs *a = b->args;
     int V = b->model->config.vocab_size;
     int *prompt = xmalloc((size_t)B * P * sizeof(int)), *cur = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
     fill_tokens(prompt, (size_t)B * P, V, 3);
-    Sampler greedy;
-    sampler_create(&greedy, V, 0.0f, 0, 1.0f, 1);
+    Sampler smp;
+    sampler_create(&smp, V, a->temperature, a->top_k, a->top_p, 1);
     int warmup = a->warmup < 1 ? a->warmup : 1;  // a whole decode run warms everything a step uses
     double *t = xmalloc(a->runs * sizeof(double));
     Error err;
     for (int r = 0; r < warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s decode batch %d, %d new: run %d/%d", path_names[path], dtype_name(dt), B, N, r + 1,
                  warmup + a->runs);
-        if (engine_decode(e, prompt, B, P, 0, &greedy, logits, cur, &err)) die("%s", err.msg);
+        if (engine_decode(e, prompt, B, P, 0, &smp, logits, cur, &err)) die("%s", err.msg);
         double t0 = timer_start(b);
         for (int i = 0; i < N; i++) {
-            if (engine_decode(e, cur, B, 1, P + i, &greedy, logits, next, &err)) die("%s", err.msg);
+            if (engine_decode(e, cur, B, 1, P + i, &smp, logits, next, &err)) die("%s", err.msg);
             int *swap = cur;
             cur = next, next = swap;
         }
@@ -497,7 +507,7 @@ static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int
     if (b->gpu && gpu_engine_time_decode_graph(e, B, 50, &device_ms, &err) < 0) die("%s", err.msg);
 #endif
     add_result(b, (Result){path, dt, "decode", B, P, N, ms / N, (double)B * N * 1e3 / ms, pct, bytes / N, device_ms});
-    sampler_free(&greedy);
+    sampler_free(&smp);
     free(prompt), free(cur), free(next), free(t);
 }
 
@@ -601,6 +611,12 @@ static void bench_engine(Bench *b, BenchPath path, DType dt) {
 // ----------------------------------------------------------------------------
 // Output: the table on stdout, and the JSON
 
+// "greedy", or the sampler's settings as generation's flags name them.
+static void sampling_label(const BenchArgs *a, char *out, size_t len) {
+    if (a->temperature <= 0.0f) snprintf(out, len, "greedy");
+    else snprintf(out, len, "sampled (--temp %g --top-k %d --top-p %g)", a->temperature, a->top_k, a->top_p);
+}
+
 static void print_table(const Bench *b) {
     const BenchArgs *a = b->args;
     printf("\n%-9s %-4s %-7s %5s %6s %5s %10s %12s %9s %10s\n", "path", "dtype", "phase", "batch", "prompt", "new",
@@ -614,14 +630,16 @@ static void print_table(const Bench *b) {
         printf("%-9s %-4s %-7s %5d %6d %5s %10.3f %12.1f %9s %10s\n", path_names[r->path], dtype_name(r->dtype),
                r->phase, r->batch, r->prompt_len, nw, r->ms, r->tok_s, roof, dev);
     }
-    printf("prefill: ms to the first token of one sequence (the prompt's forward and its greedy pick, on the device "
+    char pick[96];
+    sampling_label(a, pick, sizeof(pick));
+    printf("prefill: ms to the first token of one sequence (the prompt's forward and its %s pick, on the device "
            "where the engine samples there); forward: %d x %d tokens, every position's logits to the "
            "host (the GPU's: kept on the device); on the GPU both repeat one shape, so after the warm-up they replay a "
-           "CUDA graph (GPT2_FORWARD_GRAPH=0: eager, as a prompt's first forward runs);\ndecode: ms per step and generated tokens/s, %d greedy tokens after a "
+           "CUDA graph (GPT2_FORWARD_GRAPH=0: eager, as a prompt's first forward runs);\ndecode: ms per step and generated tokens/s, %d %s tokens after a "
            "%d-token prompt (generation's step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the "
            "measured time; device ms: the step's CUDA graph alone, replayed back to back.\n"
            "Median of %d runs after %d warm-up (decode: %d).\n",
-           a->forward_B, a->forward_T, a->new_tokens, a->decode_prompt, a->runs, a->warmup,
+           pick, a->forward_B, a->forward_T, a->new_tokens, pick, a->decode_prompt, a->runs, a->warmup,
            a->warmup < 1 ? a->warmup : 1);
 #ifdef GPT2_CUDA
     if (b->nbreakdowns) {
@@ -687,8 +705,10 @@ static int write_json(const Bench *b, const char *path, Error *err) {
             c->channels, c->num_heads, c->vocab_size, c->max_seq_len, dtype_name(b->model->dtype));
     fprintf(f, "  \"bandwidth_gbps\": ");
     json_number(f, b->gpu ? b->bandwidth_gbps : -1);
-    fprintf(f, ",\n  \"settings\": {\"runs\": %d, \"warmup\": %d, \"quick\": %s, \"timer\": \"%s\"},\n", a->runs,
-            a->warmup, a->quick ? "true" : "false", b->gpu ? "cuda-events" : "clock_monotonic");
+    fprintf(f, ",\n  \"settings\": {\"runs\": %d, \"warmup\": %d, \"quick\": %s, \"timer\": \"%s\", "
+               "\"sampling\": {\"temperature\": %g, \"top_k\": %d, \"top_p\": %g}},\n",
+            a->runs, a->warmup, a->quick ? "true" : "false", b->gpu ? "cuda-events" : "clock_monotonic", a->temperature,
+            a->top_k, a->top_p);
     fprintf(f, "  \"results\": [");
     for (int i = 0; i < b->nresults; i++) {
         const Result *r = &b->results[i];

@@ -64,7 +64,17 @@ else
     skip bench_cpu_checkpoint "no Python with PyTorch to write a checkpoint"
 fi
 
+# Generation's sampler instead of greedy picks: the settings say so in the JSON and the footer.
+out=$("$GPT2_BIN" bench --cpu --size tiny --quick --prompts 16 --batches 2 --new 3 --no-forward --temp 0.8 --top-k 40 \
+      --top-p 0.9 --json "$dir/smp.json" 2>"$dir/smp.err"); rc=$?
+check bench_sampled_runs $rc "exit $rc: $(tail -n 3 "$dir/smp.err")"
+echo "$out" | grep -q "3 sampled (--temp 0.8 --top-k 40 --top-p 0.9) tokens" &&
+    "$PYJ" -c 'import json,sys; s=json.load(open(sys.argv[1]))["settings"]["sampling"]; assert s == {"temperature": 0.8, "top_k": 40, "top_p": 0.9}, s' \
+        "$dir/smp.json"
+check bench_sampled_settings $? "stdout: $(echo "$out" | tail -n 4); $(grep -o '"sampling": {[^}]*}' "$dir/smp.json")"
+
 expect_error bench_bad_size "--size: '7B'" "$GPT2_BIN" bench --cpu --size 7B
+expect_error bench_bad_top_p "--top-p: '2' is not a number in 0..1" "$GPT2_BIN" bench --cpu --top-p 2
 expect_error bench_bad_batches "--batches: 'x' is not an integer" "$GPT2_BIN" bench --cpu --batches 1,x
 expect_error bench_bad_path "--path: 'gpu'" "$GPT2_BIN" bench --path gpu
 expect_error bench_missing_model "nope.bin: model not found" "$GPT2_BIN" bench --cpu -m "$dir/nope.bin"

@@ -188,7 +188,7 @@ static void check_decode(const GPT2Model *m, Backend backend, const char *tag, i
 // forward graph captured and replayed), then a CUDA graph per batch size replayed at each position,
 // greedy sampling on the device (the logits' kernel taking the pick where it can). Fed the same
 // tokens (teacher forcing), each pick (the prompt's included) must be the argmax of that position in
-// one full forward.
+// one full forward. The prompt's pick also sampled with top-k, its sampler inside the forward graph.
 static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, int B, int T, int P) {
     char name[160];
     snprintf(name, sizeof(name), "gpu_fused_graph_decode_%s_%s_B%d", tag, dtype_name(dt), B);
@@ -213,15 +213,35 @@ static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, in
         rc = engine_decode(inc, col, B, P, 0, &greedy, logits, next, &err);
         for (int b = 0; rc == 0 && b < B; b++) wrong += next[b] != argmax(ref + ((size_t)b * T + P - 1) * V, V);
     }
+    // And sampled (top-k 40) three times with the same draws: the graph holds the sampler, so the
+    // replays must pick what the eager call did, each among the row's 40 largest logits.
+    int *first = xmalloc(B * sizeof(int)), sampled_wrong = 0;
+    for (int call = 0; rc == 0 && call < 3; call++) {
+        Sampler topk;
+        sampler_create(&topk, V, 1.0f, 40, 0.9f, 7);
+        rc = engine_decode(inc, col, B, P, 0, &topk, logits, next, &err);
+        sampler_free(&topk);
+        for (int b = 0; rc == 0 && b < B; b++) {
+            const float *row = ref + ((size_t)b * T + P - 1) * V;
+            int above = 0;
+            for (int i = 0; next[b] >= 0 && next[b] < V && i < V; i++)
+                above += row[i] > row[next[b]] + 1e-4f * (fabsf(row[next[b]]) + 1.0f);
+            if (call == 0) first[b] = next[b];
+            sampled_wrong += next[b] < 0 || next[b] >= V || above >= 40 || next[b] != first[b];
+        }
+    }
     for (int pos = P; rc == 0 && pos < T; pos++, steps++) {
         for (int b = 0; b < B; b++) col[b] = tok[(size_t)b * T + pos];
         rc = engine_decode(inc, col, B, 1, pos, &greedy, logits, next, &err);
         for (int b = 0; rc == 0 && b < B; b++) wrong += next[b] != argmax(ref + ((size_t)b * T + pos) * V, V);
     }
     if (rc) CHECK(0, name, "%s", err.msg);
-    else CHECK(wrong == 0, name, "%d of %d greedy picks differ from the full forward's argmax", wrong, (steps + 3) * B);
+    else CHECK(wrong == 0 && sampled_wrong == 0, name,
+               "%d of %d greedy picks differ from the full forward's argmax; %d of %d sampled prompt picks outside "
+               "the top 40 or not the eager call's",
+               wrong, (steps + 3) * B, sampled_wrong, 3 * B);
     sampler_free(&greedy);
-    free(tok), free(ref), free(logits), free(col), free(next);
+    free(tok), free(ref), free(logits), free(col), free(next), free(first);
     engine_free(full);
     engine_free(inc);
 }
