@@ -96,7 +96,8 @@ typedef struct {
     const int *pos_device;
     // Greedy decoding's tokens: where the logits op may also write each sequence's token (the first
     // index of its row's largest logit), setting *greedy_written to 1 when it does, so that the
-    // sampler need not run; NULL: the op writes only the logits.
+    // sampler need not run; it may then leave the logits unwritten (the step reads only the
+    // tokens). NULL: the op writes only the logits.
     int *greedy_next, *greedy_written;
 } GpuStep;
 

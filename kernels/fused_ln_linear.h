@@ -113,8 +113,9 @@ int fused_ln_linear(const float *x, const float *ln_gamma, const void *W, DType 
 // The same with row strides, greedy decoding's pick and a forced kernel: x rows ldx floats apart
 // (e.g. each sequence's last token: x + (T-1)*C with ldx = T*C), y rows ldy elements apart (plain
 // output only). greedy (may be NULL; greedy_pick.h): the logits' greedy tokens too, taken by the
-// GEMV (path AUTO or GEMV) as it writes them, so that no sampler kernel runs after it; fp32 output
-// without GELU only (else cudaErrorInvalidValue).
+// GEMV (path AUTO or GEMV) as it writes them, so that no sampler kernel runs after it (with
+// greedy->ids_only instead of writing them: y is left as it was); fp32 output without GELU only
+// (else cudaErrorInvalidValue).
 int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
                        const float *s, const float *b_folded, void *y, long long ldy, DType ytype, int M, int N,
                        int K, Activation act, const QKVDest *qkv, const LogitsGreedy *greedy, LinearPath path,

@@ -553,7 +553,7 @@ gemv_kernel(const XT *__restrict__ x, long long ldx, const float *__restrict__ g
         if (stores && active && store_n < N) {
             const float v = (LN ? rstd * (mine - dmean * s_n) : mine) + bias_n;
             if (!LN && e.mode == OUT_RESIDUAL) e.residual[(size_t)(m0 + store_m) * e.N + store_n] = resid + v;
-            else epi_store(e_nobias, m0 + store_m, store_n, v);
+            else if (!(pick && e.pick.ids_only)) epi_store(e_nobias, m0 + store_m, store_n, v);
             if (pick && v > pick_v) pick_v = v, pick_n = store_n;
         }
         load_bias(g + g_step);

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (t >= M || f >= N) continue;
                 float v = acc[j][e];
                 if constexpr (FOLD) v = row_fold[j][e & 1].y * (v - row_fold[j][e & 1].x * fs[h]) + fb[h];
-                y[t * ldy + f] = v;
+                if (!greedy.ids_only) y[t * ldy + f] = v;
                 if (greedy.next && v > best[j][e & 1].logit) best[j][e & 1] = RowBest{v, f};
             }
     }

@@ -49,9 +49,9 @@ typedef struct {
 int logits_rows_takes(int M, int K);
 
 // y = x W^T (fold NULL) or the folded LayerNorm's product (fold set), and with greedy set each
-// row's greedy token too. Returns cudaSuccess, cudaErrorNotSupported (a shape or device it does not
-// take; nothing launched) or cudaErrorInvalidValue (a bad argument; nothing launched), else the
-// launch's error.
+// row's greedy token too (with greedy->ids_only, only the tokens: y is not written). Returns
+// cudaSuccess, cudaErrorNotSupported (a shape or device it does not take; nothing launched) or
+// cudaErrorInvalidValue (a bad argument; nothing launched), else the launch's error.
 cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
                         const LogitsFold *fold, const LogitsGreedy *greedy, cudaStream_t stream);
 

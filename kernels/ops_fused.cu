@@ -132,11 +132,12 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 // partials and split counters; greedy decoding's row bests and ticket in the logits' kernel
 // (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (64 rows at most:
 // gemm_rows's) each row's shift and its statistics in slices of at least 8 columns.
-// logits_rows takes greedy decoding's pick to 32 rows: there it saves 1.8-2.9 us of the logits and
-// the sampler's kernel (bench_fused_linear --logits), B = 2-32 +0.5-1.1% in the engine; at 48 rows
-// it saves nothing and at 64 the step lost 1.6% (docs/PERF.md, "Session 27"). The GEMV takes it at
-// the rows it takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
-enum { GREEDY_ROWS = 32, FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
+// logits_rows takes greedy decoding's pick at every row count it runs (2-64), and then writes only
+// the ids, not the logits: B = 2-32 +0.5-1.1% for the pick in the engine ("Session 27" in
+// docs/PERF.md), and with the logits' stores gone B = 33-64 +1-1.5% ("Session 30"; the pick alone
+// had saved nothing there). The GEMV takes it at the rows it takes the logits (Hopper: one; before
+// it, to 4): PERF.md, "Session 28".
+enum { GREEDY_ROWS = 64, FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
@@ -305,11 +306,12 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 }
 
 // Greedy decoding's pick inside the logits' kernel (greedy_pick.h: logits_rows or the GEMV) where the
-// step asks for it: each sequence's token, so that no sampler kernel runs after the logits.
+// step asks for it: each sequence's token, so that no sampler kernel runs after the logits, and
+// only the tokens (the step reads nothing else).
 static const LogitsGreedy *logits_greedy(const GpuState *s, const GpuStep *st, int all_positions, LogitsGreedy *g) {
     if (!st->greedy_next || all_positions || st->B > GREEDY_ROWS) return NULL;
     const FusedWorkspace w = fused_workspace(s);
-    *g = (LogitsGreedy){st->greedy_next, w.greedy_best, (unsigned *)(w.greedy_best + GREEDY_ROWS)};
+    *g = (LogitsGreedy){st->greedy_next, w.greedy_best, (unsigned *)(w.greedy_best + GREEDY_ROWS), 1};
     *st->greedy_written = 1;
     return g;
 }

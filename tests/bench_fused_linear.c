@@ -791,7 +791,7 @@ static void bench_logits(int M) {
     CK(cudaMalloc((void **)&b.next, (size_t)M * 4 + (M + 1) * 8));
     CK(cudaMemsetAsync(b.sampling_ws, 0, b.sampling_ws_bytes, stream));
     CK(cudaMemsetAsync(b.next, 0, (size_t)M * 4 + (M + 1) * 8, stream));
-    b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL};
+    b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const int gemv = M <= 4;
     const EnqueueFn routes[4] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded, enqueue_logits_gemv};

@@ -847,7 +847,8 @@ static void test_rows_ln1_fold(void) {
 // out, the same bf16 operands, only the order of the fp32 adds differs); folded rel_l2 <= 1e-2 and
 // max_rel <= 0.1 (bf16 inputs rounded at different points, as the folded qkv's). Every call also
 // takes the greedy pick, which must be each row's first largest logit as written, exactly, and
-// must leave its workspace zero.
+// must leave its workspace zero; and again with ids_only, which must pick the same ids and leave y
+// as it was.
 
 // The greedy workspace after a call: 0 when every best and the ticket are back to zero.
 static int greedy_ws_dirty(const unsigned long long *best, int M) {
@@ -898,7 +899,7 @@ static void test_logits_rows(void) {
         void *bb[10];
         int *next = dev_buf((size_t)(M + 130) * 8, 0, &bb[8]);
         cuda_ok(cudaMemsetAsync(next, 0, (size_t)(M + 130) * 8, stream), "greedy workspace");
-        const LogitsGreedy greedy = {next, (unsigned long long *)(next + 64), (unsigned *)(next + 64 + 2 * M)};
+        const LogitsGreedy greedy = {next, (unsigned long long *)(next + 64), (unsigned *)(next + 64 + 2 * M), 0};
         uint16_t *x = dev_buf((size_t)M * ldx * 2, 0, &bb[0]), *xc = dev_buf((size_t)M * K * 2, 0, &bb[1]);
         uint16_t *W = dev_buf((size_t)N * K * 2, 0, &bb[2]);
         float *y = dev_buf((size_t)M * ldy * 4, 0, &bb[3]), *y_ref = dev_buf((size_t)M * N * 4, 0, &bb[4]);
@@ -965,16 +966,31 @@ static void test_logits_rows(void) {
             }
             const Cmp c = compare(got, want, (size_t)M * N);
             const double tol = fold ? 1e-2 : 1e-5, tol_max = fold ? 0.1 : 1e-4;
-            int hnext[64];
+            int hnext[64], again[64];
             cuda_ok(cudaMemcpy(hnext, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
             const int wrong = greedy_wrong(hnext, got, M, N), dirty = greedy_ws_dirty(greedy.best, M);
+            // Again asking only for the ids (a decode step's call): the same ids, y left as it was.
+            LogitsGreedy ids_only = greedy;
+            ids_only.ids_only = 1;
+            cuda_ok(cudaMemsetAsync(next, 0xff, (size_t)M * sizeof(int), stream), "poison");
+            cuda_ok(cudaMemsetAsync(y, 0xff, (size_t)M * ldy * 4, stream), "poison");
+            const cudaError_t e2 = logits_rows(y, ldy, x, ldx, W, M, N, K, fold ? &lf : NULL, &ids_only, stream);
+            cuda_ok(cudaStreamSynchronize(stream), name);
+            float *y2 = download(y, (size_t)M * ldy, DTYPE_F32);
+            cuda_ok(cudaMemcpy(again, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
+            long long y_written = 0, ids_differ = 0;
+            for (size_t i = 0; i < (size_t)M * ldy; i++) y_written += !isnan(y2[i]);
+            for (int t = 0; t < M; t++) ids_differ += again[t] != hnext[t];
+            const int dirty2 = greedy_ws_dirty(greedy.best, M);
             CHECK(c.unwritten == 0 && padding_written == 0 && c.rel_l2 <= tol && c.max_rel <= tol_max && !wrong &&
-                      !dirty,
+                      !dirty && e2 == cudaSuccess && y_written == 0 && ids_differ == 0 && !dirty2,
                   name,
                   "unwritten %lld, padding written %lld, rel_l2 %.3g (tol %.0e), max_rel %.3g (tol %.0e), "
-                  "greedy ids wrong %d, workspace left dirty %d",
-                  c.unwritten, padding_written, c.rel_l2, tol, c.max_rel, tol_max, wrong, dirty);
-            free(got), free(want);
+                  "greedy ids wrong %d, workspace left dirty %d; ids only: %s, y written %lld, ids differ %lld, "
+                  "workspace left dirty %d",
+                  c.unwritten, padding_written, c.rel_l2, tol, c.max_rel, tol_max, wrong, dirty,
+                  cudaGetErrorString(e2), y_written, ids_differ, dirty2);
+            free(got), free(want), free(y2);
         }
         free(hx), free(hW);
         for (int i = 0; i < 9; i++) cudaFree(bb[i]);
@@ -994,7 +1010,7 @@ static void test_logits_rows(void) {
         logits_rows(d, 64, d, 64, d, 4, 64, 64, &no_stats, NULL, stream),
     };
     const cudaError_t e6 = logits_rows(d, 64, d, 64, d, 4, 64, 64, &bad_slices, NULL, stream);
-    const LogitsGreedy no_best = {(int *)d, NULL, (unsigned *)d};
+    const LogitsGreedy no_best = {(int *)d, NULL, (unsigned *)d, 0};
     const cudaError_t e7 = logits_rows(d, 64, d, 64, d, 4, 64, 64, NULL, &no_best, stream);
     CHECK(e[0] == cudaErrorInvalidValue && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
               e[3] == cudaErrorNotSupported && e[4] == cudaErrorInvalidValue && e[5] == cudaErrorInvalidValue &&
@@ -1021,7 +1037,7 @@ static void test_logits_rows_greedy_ties(void) {
         hx[k] = 0.5f, hx[K + k] = -0.5f, hW[7 * K + k] = hW[1500 * K + k] = hW[2999 * K + k] = 0.25f;
     upload(x, hx, (size_t)M * K, DTYPE_BF16), upload(W, hW, (size_t)N * K, DTYPE_BF16);
     cuda_ok(cudaMemsetAsync(ws, 0, 512, stream), "greedy workspace");
-    const LogitsGreedy greedy = {ws, (unsigned long long *)(ws + 64), (unsigned *)(ws + 64 + 2 * M)};
+    const LogitsGreedy greedy = {ws, (unsigned long long *)(ws + 64), (unsigned *)(ws + 64 + 2 * M), 0};
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < 3 && e == cudaSuccess; i++) e = logits_rows(y, N, x, K, W, M, N, K, NULL, &greedy, stream);
     cuda_ok(cudaStreamSynchronize(stream), "greedy ties");
