@@ -441,8 +441,8 @@ static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, Er
 // shape stays eager: it builds the cuBLASLt plans the capture then reuses (and times the
 // candidates of the large ones, which cannot happen inside a capture), and a prompt seen once
 // would only pay for a capture. Only the fused table, whose ops are all capturable (as decode's
-// graphs). Every forward synchronises before
-// it returns, so no graph is still running when a slot's is destroyed.
+// graphs). Every forward synchronises before it returns, so no graph is still running when a
+// slot's is destroyed.
 
 // The slot of this shape, its call counted: the one holding it, else an empty or the least
 // recently used one (its graph dropped).

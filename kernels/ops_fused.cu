@@ -134,8 +134,8 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 // gemm_rows's) each row's shift and its statistics in slices of at least 8 columns.
 // logits_rows takes greedy decoding's pick at every row count it runs (2-64), and then writes only
 // the ids, not the logits: B = 2-32 +0.5-1.1% for the pick in the engine ("Session 27" in
-// docs/PERF.md), and with the logits' stores gone B = 33-64 +1-1.5% ("Session 30"; the pick alone
-// had saved nothing there). The GEMV takes it at the rows it takes the logits (Hopper: one; before
+// docs/PERF.md); with the logits' stores gone, B = 32 +0.9% and the step 0.3-0.6% shorter at 32-64
+// rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it takes the logits (Hopper: one; before
 // it, to 4): PERF.md, "Session 28".
 enum { GREEDY_ROWS = 64, FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
 typedef struct {
