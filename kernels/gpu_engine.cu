@@ -487,8 +487,8 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
     return rc;
 }
 
-// The model's work for one forward, then, given a sampler (a prompt), its pick of each sequence's
-// next token into the staging area's device copy.
+// The model's work for one forward, then, given a sampler (a prompt, whose step has greedy_written),
+// its pick of each sequence's next token into the staging area's device copy.
 static int enqueue_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile,
                            int *ev, GpuTraceFn trace, void *user, Error *err) {
     if (enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err)) return -1;
@@ -527,8 +527,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
     if (check_step(s, tokens, B, T, pos, err)) return -1;
-    int unused = 0;
-    GpuStep st = {B, T, pos, B * T, NULL, NULL, &unused};
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
