@@ -470,6 +470,9 @@ bool one_wave(int M, int N, int rb, int ks) {
 // every batch, the folded qkv to 48 rows and the MLP projection's statistics to 32 on GPT-2 124M
 // (batched decode +2-4% at 24-64 rows, "Session 29"; the plain fc gained nothing so: -1 to -3% at
 // 32-48 rows).
+// Past 64 rows (a prompt's products) 64 a block where 32 would take more than one wave: the wave
+// rule below then still lets 124M's products take gemm_rows to 128 rows and its attention
+// projection to 704 (docs/PERF.md, "Session 31").
 // GPT2_ROWS_TILE=16|32|64 forces one.
 int pick_rows(int M, int N, int K, Mode mode = ROWS_PLAIN) {
     static int forced = -1;
@@ -479,6 +482,10 @@ int pick_rows(int M, int N, int K, Mode mode = ROWS_PLAIN) {
     if (mode != ROWS_PLAIN) {
         const int ks = pick_split(K, 16, mode);
         if (fits(K, 16, ks, mode) && one_wave(M, N, 16, ks)) return 16;
+    }
+    if (M > 64) {
+        const int ks32 = pick_split(K, 32, mode), ks64 = pick_split(K, 64, mode);
+        if (!one_wave(M, N, 32, ks32) && fits(K, 64, ks64, mode)) return 64;
     }
     return M <= 32 || mode == ROWS_STATS || fits(K, 32, 1) ? 32 : 64;
 }
@@ -526,13 +533,14 @@ extern "C" int gemm_rows_available(void) {
 // one wave of blocks (one an SM): only the first wave loads its W before the wait, and cuBLASLt's
 // larger tiles read W once. GPT-2 774M and 1558M at 48-64 rows ran 6-15% faster so, 124M and 355M
 // the same (its grids fit); at 17-32 rows gemm_rows wins even over several waves (docs/PERF.md,
-// "Session 22").
+// "Session 22"). The same rule holds for a prompt's rows: with every product of 124M's prompts on
+// gemm_rows regardless, 160 tokens took 9% longer and 1024 twice as long ("Session 31").
 constexpr int ONE_WAVE_PAST = 32;
 
 static bool wave_rule(int M, int N, int rb, int ks) { return M <= ONE_WAVE_PAST || one_wave(M, N, rb, ks); }
 
 extern "C" int gemm_rows_takes(int M, int N, int K) {
-    if (!gemm_rows_available() || M < 0 || M > 64 || N <= 0 || K <= 0 || K % BK) return 0;
+    if (!gemm_rows_available() || M < 0 || M > GEMM_ROWS_MAX_ROWS || N <= 0 || K <= 0 || K % BK) return 0;
     const int rb = pick_rows(M, N, K), ks = pick_split(K, rb);
     return fits(K, rb, ks) && wave_rule(M, N, rb, ks);
 }
@@ -544,7 +552,7 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
         (ks && ks != 1 && ks != 2 && ks != 4 && ks != 8))
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, N, K);
-    if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16)
+    if (!gemm_rows_available() || M > GEMM_ROWS_MAX_ROWS || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16)
         return cudaErrorNotSupported;
     if (!ks) ks = pick_split(K, rb);
     if (!fits(K, rb, ks)) return cudaErrorNotSupported;
@@ -564,11 +572,16 @@ extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long l
     return gemm_rows_ex(epilogue, y, ldy, x, W, bias, M, N, K, 0, 0, stream);
 }
 
+// Past 64 rows the LayerNorm epilogue only at 16 rows a block (which pick_rows takes where that grid
+// is one wave): on 124M's prompts it won at 128 rows (16 a block) and lost to the plain product and
+// the LayerNorm kernel from 256 (32 or 64 a block), the cluster's exchange of the rows' statistics
+// growing with them (docs/PERF.md, "Session 31").
 extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
     static int off = -1;  // GPT2_ROWS_LN=0
     if (off < 0) off = getenv("GPT2_ROWS_LN") && strcmp(getenv("GPT2_ROWS_LN"), "0") == 0;
-    return !off && gemm_rows_available() && M >= 0 && M <= 64 && N > 0 && K > 0 && K % BK == 0 &&
-           ln_fits(N, K, pick_rows(M, N, K, ROWS_LN));
+    if (off || !gemm_rows_available() || M < 0 || M > GEMM_ROWS_MAX_ROWS || N <= 0 || K <= 0 || K % BK) return 0;
+    const int rb = pick_rows(M, N, K, ROWS_LN);
+    return ln_fits(N, K, rb) && (M <= 64 || rb == 16);
 }
 
 extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias,
@@ -578,7 +591,8 @@ extern "C" cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void
         (rb && rb != 16 && rb != 32 && rb != 64))
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, N, K, ROWS_LN);
-    if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 || !ln_fits(N, K, rb))
+    if (!gemm_rows_available() || M > GEMM_ROWS_MAX_ROWS || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
+        !ln_fits(N, K, rb))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     Out out = {};
@@ -616,7 +630,8 @@ extern "C" cudaError_t gemm_rows_residual_stats(float *y, const void *x, const v
     if (M < 0 || N <= 0 || K <= 0 || !y || !x || !W || !bias || !gamma || !shift || !ln || !stats)
         return cudaErrorInvalidValue;
     int rb, ks;
-    if (M > 64 || (uintptr_t)x % 16 || (uintptr_t)W % 16 || (uintptr_t)stats % 8 || !stats_shape(M, N, K, &rb, &ks))
+    if (M > GEMM_ROWS_MAX_ROWS || (uintptr_t)x % 16 || (uintptr_t)W % 16 || (uintptr_t)stats % 8 ||
+        !stats_shape(M, N, K, &rb, &ks))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     Out out = {};
@@ -633,7 +648,7 @@ extern "C" cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x
         return cudaErrorInvalidValue;
     if (!rb) rb = pick_rows(M, N, K, ROWS_FOLDED);
     const int ks = pick_split(K, rb, ROWS_FOLDED);
-    if (!gemm_rows_available() || M > 64 || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
+    if (!gemm_rows_available() || M > GEMM_ROWS_MAX_ROWS || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
         (uintptr_t)stats % 8 || !fits(K, rb, ks, ROWS_FOLDED))
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;

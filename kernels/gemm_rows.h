@@ -1,4 +1,5 @@
-// Products of a few rows on Hopper (batched decode, 1-64 rows): y = epilogue(x W^T + b) with
+// Products of a few rows on Hopper (batched decode, 1-64 rows, and short prompts where the grid is
+// one wave: docs/PERF.md, "Session 31"): y = epilogue(x W^T + b) with
 // matmul_lt's four epilogues, types and row stride (matmul_lt.h), bf16 only, as one kernel that
 // joins the decode step's chain of programmatically dependent launches (kernels/pdl.cuh), which
 // cuBLASLt's kernels cannot ("Session 14" in docs/PERF.md: ~0.8 us lost at each boundary into them).
@@ -19,7 +20,7 @@
 // Measured against LayerNorm + cuBLASLt and the other fused kernels in docs/PERF.md, "Session 21"
 // and "Session 22".
 //
-// Shapes: 0 <= M <= 64, K a multiple of 64 (whole slices; every GPT-2 size's K is) and small enough
+// Shapes: 0 <= M <= GEMM_ROWS_MAX_ROWS, K a multiple of 64 (whole slices; every GPT-2 size's K is) and small enough
 // that an eighth of the W tile and x's rows fit in shared memory (gemm_rows_takes: to K = 6656 at 64
 // rows on an H100 or H200, so every GPT-2 size's layer products); x and W 16-byte aligned.
 // y, ldy, bias as matmul_lt's: y fp32 for NONE and BIAS_RESIDUAL (bias fp32), else bf16 (bias bf16).
@@ -31,6 +32,11 @@
 
 #include "matmul_lt.h"  // MatmulLtEpilogue
 
+// The most rows gemm_rows takes. Past 64 the engine's routing (gemm_rows_takes) keeps it to grids of
+// one wave, which for GPT-2's products means at most 704 rows (124M's attention projection, 64 a
+// block); the engine sizes its LayerNorm workspace by it.
+#define GEMM_ROWS_MAX_ROWS 1024
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -40,7 +46,8 @@ extern "C" {
 int gemm_rows_available(void);
 
 // 1 when gemm_rows can run this shape (above) on the current device and should: past 32 rows, only
-// where its grid fits in one wave of blocks (gemm_rows.cu says why). The engine's routing asks this;
+// where its grid fits in one wave of blocks (gemm_rows.cu says why; past 64 rows it takes 64 a
+// block where 32 would not fit one wave). The engine's routing asks this;
 // gemm_rows itself runs any shape it can.
 int gemm_rows_takes(int M, int N, int K);
 
@@ -63,7 +70,8 @@ cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 // N / 64 column blocks of a row block form one thread-block cluster and combine exact two-level row
 // statistics (each block's mean and sum of squared deviations over its 64 columns) through
 // distributed shared memory. Takes N a multiple of 64 to 1024 (16 blocks: the largest cluster) and
-// a K whose W tile fits whole, where the device can place such a cluster; GPT2_ROWS_LN=0 turns it
+// a K whose W tile fits whole, where the device can place such a cluster; gemm_rows_ln_takes also
+// says whether it should (past 64 rows only at 16 rows a block, one wave); GPT2_ROWS_LN=0 turns it
 // off. rb as gemm_rows_ex's. Returns as gemm_rows does.
 int gemm_rows_ln_takes(int M, int N, int K);
 cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias, const float *gamma,

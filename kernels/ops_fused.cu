@@ -15,7 +15,8 @@
 // at M = 1 but 0.81x at M = 16; fp32 1.44x at M = 16, 0.63x at M = 64; bf16 decode at batch 8:
 // below). Past fused_rows() the linear ops run the LayerNorm kernel and GEMMs with the bias, GELU
 // (bf16) and the residual add in their epilogue: gemm_rows (kernels/gemm_rows.h) where it takes the
-// product (bf16, up to 64 rows, on Hopper: decode, the projections at every batch), else cuBLASLt
+// product (bf16 on Hopper: decode, the projections at every batch, and a short prompt's grids of
+// one wave: 124M's products to 128 rows, its attention projection to 704), else cuBLASLt
 // (kernels/matmul_lt.h).
 // Seven launches per block in bf16 with the fused attention (fp32 adds a GELU pass, and in prefill
 // qkv_split), where the reference table's linear steps (cuBLAS, then bias, GELU and residual
@@ -23,11 +24,12 @@
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache).
-//              Layer 0's LayerNorm is the embedding kernel's. On Hopper at 2-64 rows in bf16, past
-//              layer 0, no LayerNorm kernel either: qkv folds ln1 in from what the previous layer's
-//              mlp_out wrote (gemm_rows_ln_folded)
+//              Layer 0's LayerNorm is the embedding kernel's. On Hopper in bf16 from 2 rows (to 128
+//              on 124M: gemm_rows_stats_slices), past layer 0, no LayerNorm kernel either: qkv
+//              folds ln1 in from what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
-//              at 2-64 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
+//              from 2 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln,
+//              where gemm_rows_ln_takes: to 128 rows on 124M)
 //   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
 //              pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
@@ -115,7 +117,7 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     return M >= from && rows >= from ? from - 1 : rows;
 }
 
-// A product of the many-row route: gemm_rows (bf16, up to 64 rows of a K that fits, on Hopper) where
+// A product of the many-row route: gemm_rows (bf16, a K that fits, on Hopper) where
 // it takes the shape, since it joins the step's PDL chain where cuBLASLt's kernels cannot
 // (docs/PERF.md, "Session 21"; GPT2_GEMM_ROWS=0 turns it off); else cuBLASLt.
 static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long long ldy, const void *x, const void *W,
@@ -130,14 +132,14 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 
 // The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
 // partials and split counters; greedy decoding's row bests and ticket in the logits' kernel
-// (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (64 rows at most:
-// gemm_rows's) each row's shift and its statistics in slices of at least 8 columns.
+// (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (GEMM_ROWS_MAX_ROWS at
+// most: gemm_rows's) each row's shift and its statistics in slices of at least 8 columns.
 // logits_rows takes greedy decoding's pick at every row count it runs (2-64), and then writes only
 // the ids, not the logits: B = 2-32 +0.5-1.1% for the pick in the engine ("Session 27" in
 // docs/PERF.md); with the logits' stores gone, B = 32 +0.9% and the step 0.3-0.6% shorter at 32-64
 // rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it takes the logits (Hopper: one; before
 // it, to 4): PERF.md, "Session 28".
-enum { GREEDY_ROWS = 64, FOLD_ROWS = 64, FOLD_MIN_SLICE = 8 };
+enum { GREEDY_ROWS = 64, FOLD_ROWS = GEMM_ROWS_MAX_ROWS, FOLD_MIN_SLICE = 8 };
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
@@ -170,10 +172,12 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
 }
 
 // The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
-// in bf16 and gemm_rows can (Hopper, 2-64 rows, C a multiple of 64 to 1024): fused_mlp_in then has
-// no LayerNorm kernel to run (docs/PERF.md, "Session 22"). The one place both ops ask.
+// in bf16 and gemm_rows can (Hopper, from 2 rows where gemm_rows_ln_takes says, C a multiple of 64 to
+// 1024): fused_mlp_in then has no LayerNorm kernel to run (docs/PERF.md, "Session 22"). It also
+// writes each row's mean into the workspace's shift. The one place both ops ask.
 static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
-    return s->dtype == DTYPE_BF16 && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
+    return s->dtype == DTYPE_BF16 && st->M <= FOLD_ROWS &&
+           st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
            st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C) && gemm_rows_ln_takes(st->M, s->C, s->C);
 }
 
@@ -185,7 +189,7 @@ static int logits_take_rows(const GpuState *s, int rows) {
 }
 
 // The slices of the next LayerNorm's statistics that layer l's mlp_out writes for the product after
-// it to fold that LayerNorm in (gemm_rows.h), or 0 where it does not: bf16 on Hopper at 2-64 rows
+// it to fold that LayerNorm in (gemm_rows.h), or 0 where it does not: bf16 on Hopper from 2 rows
 // where attn_out writes ln2 (it gives the shift: the row's mean before the MLP's add) and mlp_out
 // goes through gemm_rows; past layer l, layer l + 1's ln1 into its qkv where that goes through
 // gemm_rows (docs/PERF.md, "Session 23"), after the last layer lnf into the logits where one token a

@@ -457,13 +457,13 @@ static void test_bad_args(void) {
 }
 
 // ----------------------------------------------------------------------------
-// gemm_rows (kernels/gemm_rows.h): the same products of up to 64 rows on Hopper
+// gemm_rows (kernels/gemm_rows.h): the same products of a few rows on Hopper
 
 // Every row tile and split of K at batched-decode row counts (a row block partly past M, one row, a
 // multiple of 8 and not), GPT-2's layer products, an N whose last column block is partial, a K with
-// fewer slices than a cluster has blocks, a misaligned output; the logits'
-// width once; a graph replay; and the MLP's two products chained in a graph by PDL, the second
-// reading what the first wrote.
+// fewer slices than a cluster has blocks, a misaligned output; GPT-2's layer products at a short
+// prompt's rows (past 64: several row blocks of 32 or 64); the logits' width once; a graph replay;
+// and the MLP's two products chained in a graph by PDL, the second reading what the first wrote.
 static void test_rows(void) {
     static const struct {
         MatmulLtEpilogue epilogue;
@@ -490,6 +490,15 @@ static void test_rows(void) {
                     run_case(&c, "");
                 }
         }
+    const int prompt_rows[] = {65, 128, 200};
+    for (int rb = 32; rb <= 64; rb *= 2)
+        for (size_t si = 0; si < 4; si++)
+            for (int mi = 0; mi < 3; mi++) {
+                if (small && (mi != 1 || rb == 32)) continue;
+                rows_rb = rb, rows_ks = 0;  // K's split as gemm_rows picks it
+                Case c = {shapes[si].epilogue, DTYPE_BF16, prompt_rows[mi], shapes[si].N, shapes[si].K, mi % 2, 0, 0};
+                run_case(&c, "");
+            }
     rows_rb = 32, rows_ks = 0;
     Case misaligned = {MATMUL_LT_BIAS_GELU, DTYPE_BF16, 24, 1000, 128, 0, 16, 3};  // y rows 1003 apart
     run_case(&misaligned, "");
@@ -503,7 +512,8 @@ static void test_rows(void) {
 
     // What gemm_rows refuses: K not a multiple of 64 (its copies bring whole 64-column slices), a K
     // whose eighth does not fit, a split whose part does not (the MLP projection's K whole), a split
-    // that is not a power of two to 8, more than 64 rows, a misaligned x, no bias; nothing is launched.
+    // that is not a power of two to 8, more than GEMM_ROWS_MAX_ROWS rows, a misaligned x, no bias;
+    // nothing is launched.
     void *base;
     uint16_t *d = dev_buf(1 << 20, 0, &base);
     const cudaError_t e[7] = {
@@ -511,7 +521,7 @@ static void test_rows(void) {
         gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 16384, stream),
         gemm_rows_ex(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 3072, 16, 1, stream),
         gemm_rows_ex(MATMUL_LT_NONE, d, 64, d, d, NULL, 8, 64, 768, 16, 3, stream),
-        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, 65, 64, 64, stream),
+        gemm_rows(MATMUL_LT_NONE, d, 64, d, d, NULL, GEMM_ROWS_MAX_ROWS + 1, 64, 64, stream),
         gemm_rows(MATMUL_LT_NONE, d, 64, d + 4, d, NULL, 8, 64, 64, stream),
         gemm_rows(MATMUL_LT_BIAS, d, 64, d, d, NULL, 8, 64, 64, stream),  // no bias
     };
@@ -523,13 +533,18 @@ static void test_rows(void) {
           e[6]);
     cudaFree(base);
 
-    // The engine's routing: past 32 rows only a grid of one wave (a block an SM) takes gemm_rows.
+    // The engine's routing: past 32 rows only a grid of one wave (a block an SM) takes gemm_rows;
+    // past 64, with 64 rows a block where 32 would not fit one wave.
     int sms = 0;
     cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
     const int wide = 64 * (sms + 1);  // sms + 1 column blocks at K = 64, 32 rows a block past 16 rows
     CHECK(gemm_rows_takes(32, wide, 64) && !gemm_rows_takes(64, wide, 64) && gemm_rows_takes(64, 64 * (sms / 2), 64),
           "gemm_rows_takes: one wave of blocks past 32 rows", "%d SMs: got %d %d %d", sms,
           gemm_rows_takes(32, wide, 64), gemm_rows_takes(64, wide, 64), gemm_rows_takes(64, 64 * (sms / 2), 64));
+    const int half = 64 * (sms / 2);  // at 128 rows: 64 a block, two row blocks, one wave; not at 129
+    CHECK(gemm_rows_takes(128, half, 768) && !gemm_rows_takes(129, half, 768) && !gemm_rows_takes(128, half + 64, 768),
+          "gemm_rows_takes: one wave of blocks past 64 rows, 64 rows a block", "%d SMs: got %d %d %d", sms,
+          gemm_rows_takes(128, half, 768), gemm_rows_takes(129, half, 768), gemm_rows_takes(128, half + 64, 768));
 
     // fc then the MLP projection in one graph, as a decode step runs them (the second with K split):
     // h = gelu(x W1^T + b1), y += h W2^T + b2, with h poisoned (NaN) by a memset node before the first
@@ -619,7 +634,7 @@ static void test_rows_ln(void) {
     } cases[] = {
         {64, 768, 768, 32, 0}, {33, 768, 768, 32, 1}, {17, 768, 768, 16, 2}, {5, 768, 768, 16, 1},
         {64, 768, 768, 64, 2}, {40, 1024, 768, 32, 0}, {9, 128, 192, 16, 1}, {24, 64, 64, 64, 2},
-        {1, 768, 768, 0, 0}, {48, 768, 768, 0, 1},
+        {1, 768, 768, 0, 0}, {48, 768, 768, 0, 1}, {128, 768, 768, 16, 1}, {100, 768, 768, 0, 2},
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K, rb = cases[ci].rb, rows = cases[ci].rows;
@@ -628,7 +643,8 @@ static void test_rows_ln(void) {
         snprintf(name, sizeof(name), "gemm_rows_residual_ln rb %d M=%d N=%d K=%d%s", rb, M, N, K,
                  rows == 1 ? " rows of mean 1000" : rows == 2 ? " a channel of 500" : "");
         if (!gemm_rows_ln_takes(M, N, K)) {  // a device property, not the kernel's
-            test_skip(name, "the device places no cluster of N / 64 such blocks");
+            test_skip(name, M > 64 ? "16 rows a block are more than one wave on this device"
+                                   : "the device places no cluster of N / 64 such blocks");
             continue;
         }
         void *bb[11];
@@ -686,7 +702,8 @@ static void test_rows_ln(void) {
         for (int i = 0; i < 11; i++) cudaFree(bb[i]);
     }
     // What it refuses: N not whole 64-column blocks, more than 16 of them (the largest cluster), a K
-    // whose W tile does not fit whole; nothing is launched.
+    // whose W tile does not fit whole; nothing is launched. And where the engine should not ask for
+    // it: past 64 rows at more than 16 rows a block (124M's 256-row prompts).
     void *base;
     float *d = dev_buf(1 << 22, 0, &base);
     const cudaError_t e[3] = {
@@ -695,7 +712,8 @@ static void test_rows_ln(void) {
         gemm_rows_residual_ln(d, d, d, d, d, d, d, NULL, 8, 768, 3072, 0, stream),
     };
     CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
-              !gemm_rows_ln_takes(8, 1088, 64) && gemm_rows_ln_takes(64, 768, 768),
+              !gemm_rows_ln_takes(8, 1088, 64) && gemm_rows_ln_takes(64, 768, 768) &&
+              !gemm_rows_ln_takes(256, 768, 768),
           "gemm_rows_residual_ln refuses what it cannot run", "got %d %d %d", e[0], e[1], e[2]);
     cudaFree(base);
 }
@@ -716,6 +734,7 @@ static void test_rows_ln1_fold(void) {
         {64, 768, 3072, 0, 0}, {48, 768, 3072, 0, 1}, {17, 768, 3072, 16, 2}, {33, 768, 3072, 64, 1},
         {24, 128, 512, 0, 2},  {40, 256, 1536, 0, 1}, {20, 192, 1536, 32, 0}, {64, 1024, 4096, 64, 1},
         {5, 64, 256, 0, 1},    {1, 768, 3072, 0, 2},    {8, 1600, 6400, 0, 2},  // GPT-2 XL: K over 8
+        {128, 768, 3072, 0, 1}, {100, 768, 3072, 0, 2},  // a short prompt's rows: 64 a block (96 blocks)
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const int M = cases[ci].M, C = cases[ci].C, H = cases[ci].H, N = 3 * C, rows = cases[ci].rows;
@@ -724,6 +743,10 @@ static void test_rows_ln1_fold(void) {
         char name[200];
         snprintf(name, sizeof(name), "gemm_rows ln1 folded M=%d C=%d K=%d: %d slices, qkv rb %d%s", M, C, H, slices,
                  cases[ci].rb, rows == 1 ? ", rows of mean 1000" : rows == 2 ? ", a channel of 500" : "");
+        if (!slices && M > 64) {  // a device property: 96 blocks are one wave on an H100 or H200
+            test_skip(name, "the statistics' grid is more than one wave on this device");
+            continue;
+        }
         if (!slices) {
             CHECK(0, name, "gemm_rows_stats_slices refuses a shape it must take");
             continue;
@@ -819,8 +842,9 @@ static void test_rows_ln1_fold(void) {
         free(hh), free(hg), free(hbeta), free(hbq), free(r0), free(hshift), free(hs), free(hb);
         for (int i = 0; i < 18; i++) cudaFree(bb[i]);
     }
-    // What they refuse: the statistics where N is not whole 64-column blocks or past 64 rows (no
-    // slices), K not a multiple of the slices, a misaligned stats buffer; nothing is launched.
+    // What they refuse: the statistics where N is not whole 64-column blocks or their grid would
+    // be more than one wave (no slices: 129 rows are three row blocks of 64, 144 blocks), K not a
+    // multiple of the slices, a misaligned stats buffer; nothing is launched.
     void *base;
     float *d = dev_buf(1 << 22, 0, &base);
     const cudaError_t e[3] = {
@@ -829,10 +853,10 @@ static void test_rows_ln1_fold(void) {
         gemm_rows_ln_folded(d, 96, d, d, d, d, d + 1, 4, d, 8, 96, 64, 0, stream),
     };
     CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorInvalidValue && e[2] == cudaErrorNotSupported &&
-              !gemm_rows_stats_slices(8, 100, 256) && !gemm_rows_stats_slices(65, 768, 3072) &&
+              !gemm_rows_stats_slices(8, 100, 256) && !gemm_rows_stats_slices(129, 768, 3072) &&
               gemm_rows_stats_slices(64, 768, 3072) == 48,
           "gemm_rows ln1 folded: refuses what it cannot run", "got %d %d %d, slices %d %d %d", e[0], e[1], e[2],
-          gemm_rows_stats_slices(8, 100, 256), gemm_rows_stats_slices(65, 768, 3072),
+          gemm_rows_stats_slices(8, 100, 256), gemm_rows_stats_slices(129, 768, 3072),
           gemm_rows_stats_slices(64, 768, 3072));
     cudaFree(base);
 }
