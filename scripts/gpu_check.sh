@@ -2,12 +2,13 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [crossover] [ncu] [ncu_forward] [trace]
-# (default: all but units, which runs only the GPU unit tests, a subset of maketest; ncu, which
-# times each kernel of a batch-1 decode step alone, warm caches and free clocks; and trace, which
-# builds `make TRACE=1` and times the kernels inside the replayed batch-1 decode graph: docs/PERF.md,
-# "Engine decode, session 2". `compare`, `time`, `ncu` and `trace` use the 124M-shape model that
-# tests/e2e_gpu.sh writes, or a random one when it is absent)
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [crossover] [ttft] [ncu] [ncu_forward] [trace]
+# (default: all but units, which runs only the GPU unit tests, a subset of maketest; ttft, which
+# times prompts on both sides of each change of route; ncu, which times each kernel of a batch-1
+# decode step alone, warm caches and free clocks; and trace, which builds `make TRACE=1` and times
+# the kernels inside the replayed batch-1 decode graph: docs/PERF.md, "Engine decode, session 2".
+# `compare`, `time`, `ttft`, `ncu` and `trace` use the 124M-shape model that tests/e2e_gpu.sh
+# writes, or a random one when it is absent)
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu/check}
@@ -49,7 +50,7 @@ for s in $steps; do
                     "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
             done
         done ;;
-    compare|time|ncu|trace|ncu_forward)
+    compare|time|ttft|ncu|trace|ncu_forward)
         if [ ! -f "$m" ]; then
             mkdir -p "$(dirname "$m")"
             python3 scripts/make_model.py --out "$m" --seed 5 --dtype bf16 >/dev/null
@@ -100,6 +101,11 @@ PY
             GPT2_FUSED_ROWS=${rows#default} ./gpt2 bench --quick --path fused --dtype bf16 --batches 1,2,4,8,16,32,64 \
                 --prompts 16 --no-forward --no-profile 2>/dev/null | grep " decode "
         done | tee "$out/crossover.txt" ;;
+    ttft)  # time to the first token at prompt lengths around each change of route on 124M (64/65: the
+        # decode chain's limit until session 31; 128/129, 192/193, 704/705: gemm_rows's one-wave grids)
+        ./gpt2 bench -m "$m" --path fused --dtype bf16 --batches 1 --new 2 --runs 15 --warmup 3 --no-forward \
+            --no-profile --prompts 8,16,32,64,65,96,128,129,192,193,256,384,512,704,705,1024 2>/dev/null |
+            grep " prefill " | tee "$out/ttft.txt" ;;
     bench)  # the bf16 table of docs/PERF.md, quick: fused and reference, batches 1, 8, 64
         ./gpt2 bench --quick --dtype bf16 --json "$out/bench_quick.json" 2>/dev/null | tee "$out/bench_quick.txt" ;;
     trace)
