@@ -25,9 +25,10 @@ __device__ __forceinline__ void store4(bf16 *o, float a, float b, float c, float
 
 // NV > 0: the row in registers as float4s, at most NV a lane (C % 4 == 0, C <= 128 NV), and this
 // lane's share of w and b in registers too, loaded before the wait for x: they are weights, so their
-// L2 round trips overlap the previous kernel's tail. Loaded beside the stores, as they were, they
-// cost a 1024-row LayerNorm ~1.9 us (time to the first token at 1024 tokens -6%: docs/PERF.md,
-// "Session 32"). NV = 0: a strided loop over x for other widths.
+// L2 round trips overlap the previous kernel's tail. Against the kernel before (16 float4s a lane
+// whatever C, w and b loaded beside the stores) a 1024-row LayerNorm is ~1.9 us shorter, time to the
+// first token at 1024 tokens -6% (docs/PERF.md, "Session 32"; the two changes were not measured
+// apart). NV = 0: a strided loop over x for other widths.
 template <typename T, int NV>
 __global__ void layernorm_kernel(T *__restrict__ out, const float *__restrict__ x, const float *__restrict__ w,
                                  const float *__restrict__ b, int rows, int C) {
