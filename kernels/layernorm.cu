@@ -14,6 +14,8 @@
 #include "pdl.cuh"
 #include "reference_kernels.h"
 
+constexpr int kMaxVec = 16;  // float4s a lane holds at most: C <= 32 * 4 * 16 = 2048
+
 __device__ __forceinline__ void store4(float *o, float a, float b, float c, float d) {
     *reinterpret_cast<float4 *>(o) = make_float4(a, b, c, d);
 }
@@ -98,7 +100,7 @@ cudaError_t layernorm_forward(void *out, const float *x, const float *w, const f
     const int threads = rows <= 256 ? 64 : 128, per_block = threads / 32;
     const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
     // 16-byte loads need every row start (and w, b, out) 16-byte aligned: C % 4 == 0 and aligned bases.
-    const bool vec = C % 4 == 0 && C <= 32 * 4 * 16 &&
+    const bool vec = C % 4 == 0 && C <= 32 * 4 * kMaxVec &&
                      ((uintptr_t)x | (uintptr_t)w | (uintptr_t)b | (uintptr_t)out) % 16 == 0;
     // Launched with PDL: most of the time a cuBLASLt GEMM comes before, which never signals early, but
     // the launch can still overlap that grid's completion (its memory flush) instead of following it:
@@ -109,8 +111,8 @@ cudaError_t layernorm_forward(void *out, const float *x, const float *w, const f
         if (vec && C <= 32 * 4 * 8)  // 124M's 768 and 345M's 1024
             e = launch_pdl(layernorm_kernel<E, 8>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b, rows, C);
         else if (vec)
-            e = launch_pdl(layernorm_kernel<E, 16>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b, rows,
-                           C);
+            e = launch_pdl(layernorm_kernel<E, kMaxVec>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b,
+                           rows, C);
         else
             e = launch_pdl(layernorm_kernel<E, 0>, dim3(blocks), dim3(threads), 0, stream, (E *)out, x, w, b, rows, C);
     });
