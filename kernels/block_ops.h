@@ -107,10 +107,6 @@ typedef struct {
     int unfused_buffers;  // 1: allocate ln and scratch (LayerNorm output, cuBLAS products)
     int score_buffers;    // 1: allocate att and att_p (the T x T scores of an unfused attention)
     int device_position;  // 1: every op honours GpuStep.pos_device, so decode replays as a CUDA graph
-    // 1: the ops touch only the buffers, stream, cuBLASLt and workspace of the state they are given
-    // (never s->cublas or the score buffers), so a long prompt may run as two chunks, each on a view
-    // of the state with its own rows, stream and workspace (gpu_engine.cu, enqueue_two_chunks).
-    int chunked_prompts;
     // Bytes of scratch the table's kernels want (e.g. flash-decoding partials), for this state's
     // shapes (max_batch, max_seq, NH, HS); NULL or 0: none. The engine allocates it once with the
     // activations, zeroed, as s->workspace.

@@ -66,24 +66,12 @@ typedef struct {
     unsigned long long forwards;        // forward calls so far (the forward graphs' clock)
     GpuGraphStats graph_stats;
     void *cublas_workspace;             // kCublasWorkspaceBytes, given to cuBLAS at creation
-    // A long prompt as two chunks on two streams (enqueue_two_chunks; tables with chunked_prompts):
-    // the second chunk's stream, cuBLASLt (its own workspace) and table workspace, the events that
-    // fork, order and join the two, and the rule (prompts of split_from tokens and more, the first
-    // chunk split_percent of them; GPT2_PROMPT_SPLIT=FROM[,PERCENT], 0: never).
-    cudaStream_t chunk_stream;
-    MatmulLt *chunk_lt;
-    void *chunk_workspace;
-    cudaEvent_t chunk_fork, chunk_keys, chunk_join;
-    int split_from, split_percent;
 #ifdef GPT2_TRACE
     unsigned *trace;                    // kernels/kernel_trace.cuh: [kTraceSMs counts, records by SM]
 #endif
 } GpuEngine;
 
 static const size_t kCublasWorkspaceBytes = 32u << 20;  // what NVIDIA advises for Hopper
-// A prompt of one sequence of at least kSplitFrom tokens runs as two chunks, the first
-// kSplitPercent of it (enqueue_two_chunks).
-enum { kSplitFrom = 256, kSplitPercent = 50 };
 
 static void gpu_engine_destroy(Engine *e);
 
@@ -337,9 +325,8 @@ static size_t layout_acts(GpuEngine *g, char *base) {
         else TAKE(s->att_p, void *, att * ds);
     }
     s->workspace_bytes = g->ops->workspace_bytes ? g->ops->workspace_bytes(s) : 0;
-    s->workspace = g->chunk_workspace = NULL;
+    s->workspace = NULL;
     if (s->workspace_bytes) TAKE(s->workspace, void *, s->workspace_bytes);
-    if (s->workspace_bytes && g->ops->chunked_prompts) TAKE(g->chunk_workspace, void *, s->workspace_bytes);
 #undef TAKE
     return off;
 }
@@ -349,7 +336,6 @@ static int alloc_acts(GpuEngine *g, Error *err) {
     if (gpu_alloc(&g->acts, g->act_bytes, "the activations", err)) return -1;
     layout_acts(g, (char *)g->acts);
     if (g->s.workspace) CUDA_TRY(cudaMemsetAsync(g->s.workspace, 0, g->s.workspace_bytes, g->s.stream));
-    if (g->chunk_workspace) CUDA_TRY(cudaMemsetAsync(g->chunk_workspace, 0, g->s.workspace_bytes, g->s.stream));
     return 0;
 }
 
@@ -374,90 +360,6 @@ static int check_step(const GpuState *s, const int *tokens, int B, int T, int po
         if (profile) CUDA_TRY(cudaEventRecord(g->events[(*ev)++], stream)); \
     } while (0)
 
-// ----------------------------------------------------------------------------
-// A long prompt as two chunks in a pipeline. One sequence's prompt runs as its first `first`
-// tokens (chunk A, on the engine's stream) and the rest (chunk B, positions from pos + first, on a
-// second stream). Chunk B's layer l needs only its own layer l - 1 and, for its attention, the keys
-// and values chunk A's attention of layer l has put in the cache; chunk A needs nothing of B's. So
-// the two chains run side by side, each kernel over half the rows, one chain's kernels filling the
-// other's boundaries and tails (at 1024 rows each product is one wave of 128 blocks or fewer, and
-// the attention's longest query tiles leave most SMs idle at its end). Chunk A's last layer stops
-// after its attention: only chunk B's last row is wanted.
-
-// Where a prompt splits: chunk A's token count, or 0 to run it in one chain.
-static int prompt_split(const GpuEngine *g, const GpuStep *st, int all_positions) {
-    if (!g->chunk_stream || all_positions || st->B != 1 || st->pos_device || !g->split_from ||
-        st->T < g->split_from)
-        return 0;
-    const int first = (st->T * g->split_percent / 100 + 32) / 64 * 64;  // whole 64-row tiles
-    return first >= 64 && first <= st->T - 64 ? first : 0;
-}
-
-// Chunk B's view of the engine's state: its own rows of every activation buffer (from row0), its
-// own stream, cuBLASLt workspace and table workspace; the weights, the KV cache and the logits are
-// the engine's.
-static GpuState chunk_state(const GpuEngine *g, int row0) {
-    GpuState v = g->s;
-    const size_t r = (size_t)row0, C = (size_t)v.C, ds = dtype_size(v.dtype);
-    v.stream = g->chunk_stream;
-    v.lt = g->chunk_lt;
-    v.cublas = NULL;
-    v.tokens += r;
-    v.x += r * C;
-    v.q = (char *)v.q + r * C * ds;
-    v.atty = (char *)v.atty + r * C * ds;
-    v.h = (char *)v.h + r * 4 * C * ds;
-    if (v.ln) v.ln = (char *)v.ln + r * C * ds;
-    if (v.scratch) v.scratch += r * 4 * C;
-    v.workspace = g->chunk_workspace;
-    return v;
-}
-
-// The prompt `st` (one sequence, tokens on the device) as chunks A and B: a fork onto chunk B's
-// stream, both embeddings, then each layer of A and of B with B's attention after A's, B's last
-// layer past its attention on its last row only (as enqueue_model's last_only), B's logits, and
-// a join back onto the engine's stream.
-static int enqueue_two_chunks(GpuEngine *g, const GpuStep *st, const int *tokens_dev, int first, Error *err) {
-    const BlockOps *ops = g->ops;
-    GpuState *a = &g->s, b = chunk_state(g, first);
-    const int rest_T = st->T - first;
-    const GpuStep sa = {1, first, st->pos, first, NULL, NULL, NULL};
-    const GpuStep sb = {1, rest_T, st->pos + first, rest_T, NULL, st->greedy_next, st->greedy_written};
-    const GpuStep last = {1, 1, st->pos + st->T - 1, 1, NULL, st->greedy_next, st->greedy_written};
-    const GpuLayer *layer0 = &a->layers[0];
-    CUDA_TRY(cudaEventRecord(g->chunk_fork, a->stream));
-    CUDA_TRY(cudaStreamWaitEvent(b.stream, g->chunk_fork, 0));
-    for (int c = 0; c < 2; c++) {
-        GpuState *s = c ? &b : a;
-        const GpuStep *cs = c ? &sb : &sa;
-        void *ln1 = ops->embedding_writes_ln1 && ops->embedding_writes_ln1(s, cs) ? s->ln : NULL;
-        CUDA_TRY(embedding_forward(s->x, ln1, layer0->ln1w, layer0->ln1b, tokens_dev + (c ? first : 0), s->wte,
-                                   s->wpe, cs->M, cs->T, cs->pos, NULL, s->C, s->dtype, s->stream));
-    }
-    const GpuStep *rest = &sb;
-    for (int l = 0; l < a->L; l++) {
-        if (ops->attn_in(a, &sa, l, err) || ops->attention(a, &sa, l, err)) return -1;
-        CUDA_TRY(cudaEventRecord(g->chunk_keys, a->stream));
-        if (l + 1 < a->L &&  // chunk A's last layer is wanted only for its keys and values
-            (ops->attn_out(a, &sa, l, err) || ops->mlp_in(a, &sa, l, err) || ops->mlp_out(a, &sa, l, err)))
-            return -1;
-        if (ops->attn_in(&b, &sb, l, err)) return -1;
-        CUDA_TRY(cudaStreamWaitEvent(b.stream, g->chunk_keys, 0));
-        if (ops->attention(&b, &sb, l, err)) return -1;
-        if (l == a->L - 1) {
-            CUDA_TRY(last_rows_to_front(b.x, b.atty, 1, rest_T, b.C, b.dtype, b.stream));
-            rest = &last;
-        }
-        if (ops->attn_out(&b, rest, l, err) || ops->mlp_in(&b, rest, l, err) || ops->mlp_out(&b, rest, l, err))
-            return -1;
-    }
-    if (ops->logits(&b, rest, 0, err)) return -1;
-    CUDA_TRY(cudaEventRecord(g->chunk_join, b.stream));
-    CUDA_TRY(cudaStreamWaitEvent(a->stream, g->chunk_join, 0));
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
 // Enqueues the model for one step whose tokens are on the device: the embedding, every block
 // through the op table, and the logits into s->logits. trace (forward_trace) needs the host.
 //
@@ -466,15 +368,9 @@ static int enqueue_two_chunks(GpuEngine *g, const GpuStep *st, const int *tokens
 // that layer and the logits as a one-token step on each sequence's last row (`last`, moved to the
 // front by last_rows_to_front): nothing reads the other rows again. This is what llama.cpp does with
 // the outputs it does not need; at 1024 tokens it skips ~3/4 of a layer's matrix products
-// (docs/PERF.md, "Session 29"). A long prompt of one sequence runs as two chunks instead
-// (enqueue_two_chunks), unless profiled or traced (their marks and copies are of one stream).
+// (docs/PERF.md, "Session 29").
 static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev, int all_positions, int profile,
                          int *ev, GpuTraceFn trace, void *user, Error *err) {
-    const int chunk_a = profile || trace ? 0 : prompt_split(g, st, all_positions);
-    if (chunk_a) {
-        g->graph_stats.chunked_prompts++;
-        return enqueue_two_chunks(g, st, tokens_dev, chunk_a, err);
-    }
     GpuState *s = &g->s;
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
@@ -831,11 +727,6 @@ static void gpu_engine_destroy(Engine *e) {
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
         matmul_lt_free(g->s.lt);
-        matmul_lt_free(g->chunk_lt);
-        cudaEvent_t chunk_events[3] = {g->chunk_fork, g->chunk_keys, g->chunk_join};
-        for (int i = 0; i < 3; i++)
-            if (chunk_events[i]) CUDA_WARN(cudaEventDestroy(chunk_events[i]));
-        if (g->chunk_stream) CUDA_WARN(cudaStreamDestroy(g->chunk_stream));
         if (g->s.stream) CUDA_WARN(cudaStreamDestroy(g->s.stream));
         if (g->cublas_workspace) CUDA_WARN(cudaFree(g->cublas_workspace));
         if (g->acts) CUDA_WARN(cudaFree(g->acts));
@@ -884,17 +775,6 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     CUBLAS_TRY(cublasSetWorkspace(s->cublas, g->cublas_workspace, kCublasWorkspaceBytes));
     // cuBLASLt, with a workspace of its own, for the fused table's many-row linear ops.
     if (!(s->lt = matmul_lt_create(kCublasWorkspaceBytes, err))) return -1;
-    if (g->ops->chunked_prompts) {
-        CUDA_TRY(cudaStreamCreateWithFlags(&g->chunk_stream, cudaStreamNonBlocking));
-        if (!(g->chunk_lt = matmul_lt_create(kCublasWorkspaceBytes, err))) return -1;
-        CUDA_TRY(cudaEventCreateWithFlags(&g->chunk_fork, cudaEventDisableTiming));
-        CUDA_TRY(cudaEventCreateWithFlags(&g->chunk_keys, cudaEventDisableTiming));
-        CUDA_TRY(cudaEventCreateWithFlags(&g->chunk_join, cudaEventDisableTiming));
-        const char *split = getenv("GPT2_PROMPT_SPLIT");
-        const char *comma = split ? strchr(split, ',') : NULL;
-        g->split_from = split && *split ? atoi(split) : kSplitFrom;
-        g->split_percent = comma ? atoi(comma + 1) : kSplitPercent;
-    }
 
     if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
     size_t io_bytes = (1 + 3 * (size_t)s->max_batch) * sizeof(int);

@@ -54,12 +54,10 @@ int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err);
 int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *ms, Error *err);
 
 // What the engine did with CUDA graphs, for tests: forwards of a repeated shape captured, and
-// forwards run as a graph's replay (kernels/gpu_engine.cu, "Forward graphs"); and prompts enqueued
-// as two chunks on two streams (eagerly or into a capture; "A long prompt as two chunks"). 1, or 0
-// for another engine.
+// forwards run as a graph's replay (kernels/gpu_engine.cu, "Forward graphs"). 1, or 0 for another
+// engine.
 typedef struct {
     long long forward_captures, forward_replays;
-    long long chunked_prompts;
 } GpuGraphStats;
 int gpu_engine_graph_stats(Engine *e, GpuGraphStats *stats);
 

@@ -356,7 +356,6 @@ const BlockOps fused_ops = {
     .unfused_buffers = 1,  // ln and scratch for the cuBLASLt route of many rows
     .score_buffers = 0,
     .device_position = 1,
-    .chunked_prompts = 1,
     .workspace_bytes = fused_workspace_bytes,
     .embedding_writes_ln1 = fused_embedding_writes_ln1,
     .attn_in = fused_attn_in,

@@ -79,7 +79,6 @@ const BlockOps reference_ops = {
     .unfused_buffers = 1,
     .score_buffers = 1,
     .device_position = 0,  // cuBLAS calls sized by the position: no graph replay
-    .chunked_prompts = 0,  // s->cublas and the score buffers belong to the one stream
     .workspace_bytes = NULL,
     .embedding_writes_ln1 = NULL,  // ln1 stays the LayerNorm kernel's
     .attn_in = ref_attn_in,
