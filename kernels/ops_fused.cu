@@ -24,12 +24,11 @@
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache).
-//              Layer 0's LayerNorm is the embedding kernel's. On Hopper in bf16 from 2 rows (to 128
-//              on 124M: gemm_rows_stats_slices), past layer 0, no LayerNorm kernel either: qkv
-//              folds ln1 in from what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
+//              Layer 0's LayerNorm is the embedding kernel's. On Hopper in bf16 at 2-16 rows
+//              (ln_epilogues_take), past layer 0, no LayerNorm kernel either: qkv folds ln1 in from
+//              what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
 //   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
-//              from 2 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln,
-//              where gemm_rows_ln_takes: to 128 rows on 124M)
+//              at 2-16 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
 //   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
 //              pass follows, matmul_lt.h)
 //   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
@@ -92,8 +91,21 @@
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
 // crossover).
 // The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV: with the LayerNorms in the
-// projections' epilogues (gemm_rows_ln_takes for the attention projection's shape), and without.
+// projections' epilogues (ln_epilogues_take), and without.
 enum { GEMM_ROWS_FROM_FOLDED = 2, GEMM_ROWS_FROM = 17 };
+// The most rows the LayerNorm epilogues take: ln2 in the attention projection, and from what it
+// writes ln1 folded into the next qkv and lnf into the logits. Past them the LayerNorm kernel runs
+// before qkv and fc: since it loads its weights before its wait (docs/PERF.md, "Session 32") it
+// costs less than the epilogues' cluster exchanges from 17 rows. H200, against the epilogues
+// (GPT2_ROWS_LN=0, "Session 33"): decode B = 24-64 +0.5-1.5%, B = 128 +12%; prompts of 112-176
+// tokens 5-11% sooner, 32-96 even; at 2-16 rows the epilogues win by 10-18%.
+enum { LN_EPILOGUE_ROWS = 16 };
+
+// Whether a step of M rows takes the LayerNorm epilogues (bf16 on Hopper; gemm_rows_ln_takes says
+// where the kernel can). The one place the routing asks.
+static int ln_epilogues_take(const GpuState *s, int M) {
+    return s->dtype == DTYPE_BF16 && M <= LN_EPILOGUE_ROWS && gemm_rows_ln_takes(M, s->C, s->C);
+}
 // The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
 // reads wte as fast, and no statistics are written for it).
 enum { LOGITS_ROWS_FROM = 2 };
@@ -113,7 +125,7 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
         return s->dtype == DTYPE_BF16 && logits_rows_takes(M, K) ? LOGITS_ROWS_FROM - 1 : rows;
     if (s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
     if (op == LINEAR_OP_PLAIN) return 0;
-    const int from = gemm_rows_ln_takes(M, K, K) ? GEMM_ROWS_FROM_FOLDED : GEMM_ROWS_FROM;
+    const int from = ln_epilogues_take(s, M) ? GEMM_ROWS_FROM_FOLDED : GEMM_ROWS_FROM;
     return M >= from && rows >= from ? from - 1 : rows;
 }
 
@@ -132,14 +144,14 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 
 // The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
 // partials and split counters; greedy decoding's row bests and ticket in the logits' kernel
-// (GREEDY_ROWS at most, left zero by every call); then for ln1 folded into qkv (GEMM_ROWS_MAX_ROWS at
-// most: gemm_rows's) each row's shift and its statistics in slices of at least 8 columns.
+// (GREEDY_ROWS at most, left zero by every call); then for the LayerNorm epilogues (LN_EPILOGUE_ROWS
+// at most) each row's shift and its statistics in slices of at least 8 columns.
 // logits_rows takes greedy decoding's pick at every row count it runs (2-64), and then writes only
 // the ids, not the logits: B = 2-32 +0.5-1.1% for the pick in the engine ("Session 27" in
 // docs/PERF.md); with the logits' stores gone, B = 32 +0.9% and the step 0.3-0.6% shorter at 32-64
-// rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it takes the logits (Hopper: one; before
-// it, to 4): PERF.md, "Session 28".
-enum { GREEDY_ROWS = 64, FOLD_ROWS = GEMM_ROWS_MAX_ROWS, FOLD_MIN_SLICE = 8 };
+// rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it
+// takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
+enum { GREEDY_ROWS = 64, FOLD_ROWS = LN_EPILOGUE_ROWS, FOLD_MIN_SLICE = 8 };
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
@@ -172,13 +184,12 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
 }
 
 // The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
-// in bf16 and gemm_rows can (Hopper, from 2 rows where gemm_rows_ln_takes says, C a multiple of 64 to
-// 1024): fused_mlp_in then has no LayerNorm kernel to run (docs/PERF.md, "Session 22"). It also
-// writes each row's mean into the workspace's shift. The one place both ops ask.
+// and the LayerNorm epilogues take the step (Hopper, bf16, 2-16 rows, C a multiple of 64 to 1024):
+// fused_mlp_in then has no LayerNorm kernel to run (docs/PERF.md, "Session 22"). It also writes each
+// row's mean into the workspace's shift. The one place both ops ask.
 static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
-    return s->dtype == DTYPE_BF16 && st->M <= FOLD_ROWS &&
-           st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
-           st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C) && gemm_rows_ln_takes(st->M, s->C, s->C);
+    return ln_epilogues_take(s, st->M) && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
+           st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C);
 }
 
 // The logits of `rows` rows go through logits_rows (bf16 on Hopper, past the GEMV's rows: one
@@ -195,8 +206,7 @@ static int logits_take_rows(const GpuState *s, int rows) {
 // gemm_rows (docs/PERF.md, "Session 23"), after the last layer lnf into the logits where one token a
 // sequence goes through logits_rows ("Session 24"). The one place the ops ask.
 static int mlp_out_feeds_ln(const GpuState *s, const GpuStep *st, int l) {
-    if (st->M > FOLD_ROWS || !attn_out_writes_ln2(s, st) ||
-        st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
+    if (!attn_out_writes_ln2(s, st) || st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
         return 0;
     if (l + 1 < s->L ? st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) ||
                            !gemm_rows_takes(st->M, 3 * s->C, s->C)
