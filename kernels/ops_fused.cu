@@ -24,19 +24,13 @@
 //   attn_in    LayerNorm -> qkv + bias in the compute dtype, left to the attention, which reads q, k
 //              and v from it and stores k, v into the cache (fused_attention_qkv: batched decode,
 //              bf16 prefill); fp32 prefill runs qkv_split first (q rows out, k/v into the cache).
-//              Layer 0's LayerNorm is the embedding kernel's. On Hopper in bf16 at 2-16 rows
-//              (ln_epilogues_take), past layer 0, no LayerNorm kernel either: qkv folds ln1 in from
-//              what the previous layer's mlp_out wrote (gemm_rows_ln_folded)
-//   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual); on Hopper
-//              at 2-16 rows in bf16 the same kernel also writes ln2's output (gemm_rows_residual_ln)
-//   mlp_in     LayerNorm (unless attn_out wrote it) -> gelu(fc + bias) into h, one GEMM (fp32: a GELU
-//              pass follows, matmul_lt.h)
-//   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM; where the next layer's qkv folds ln1 in, it
-//              also writes ln1's shifted input and row statistics (gemm_rows_residual_stats)
-//   logits     LayerNorm -> ln @ wte[:V]^T, rows logits_ld apart:
-//              logits_rows (bf16 on Hopper, to 64 rows), else cuBLASLt; in batched decode where the
-//              last mlp_out wrote lnf's statistics, logits_rows with lnf folded in and no LayerNorm;
-//              logits_rows, and the GEMV where it takes the logits, also take greedy decoding's tokens
+//              Layer 0's LayerNorm is the embedding kernel's.
+//   attn_out   x += atty @ attprojw^T + attprojb, one GEMM (beta = 1 on the fp32 residual)
+//   mlp_in     LayerNorm -> gelu(fc + bias) into h, one GEMM (fp32: a GELU pass follows, matmul_lt.h)
+//   mlp_out    x += h @ fcprojw^T + fcprojb, one GEMM
+//   logits     LayerNorm -> ln @ wte[:V]^T, rows logits_ld apart: logits_rows (bf16 on Hopper, to 64
+//              rows), else cuBLASLt; logits_rows, and the GEMV where it takes the logits, also take
+//              greedy decoding's tokens
 //              (no sampler kernel after them)
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
@@ -63,25 +57,26 @@
 // many-row route (the LayerNorm kernel where there is one, then gemm_rows or cuBLASLt:
 // many_rows_product below).
 // bf16 where gemm_rows takes the product (Hopper): 0 for the projections (gemm_rows at every row
-// count); for qkv and fc 1 where the projections before them write their LayerNorms (no LayerNorm
-// kernel left in a layer past the first), else 16 (the cluster GEMV to 16 rows); the logits 1 where
-// logits_rows takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it (the
-// skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
+// count), 1 for qkv and fc (the LayerNorm kernel, then gemm_rows, from 2 rows) and for the logits
+// where logits_rows takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it
+// (the skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
 // Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
 //   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
 //     cuBLASLt: B=1 +8%, B=2-16 +14-19% ("Session 22");
 //   - LayerNorm + gemm_rows for qkv and fc against the cluster GEMV: B=8 -7%, B=16 -9%, B=24 +9%,
 //     B=32 +12% ("Session 21"; with the projections on gemm_rows, B=8 -8%, B=16 -6%: "Session 22");
 //     with the LayerNorms in the projections' epilogues instead of kernels, B=1 -4%, B=2 +9%,
-//     B=4 +17%, B=8 +15%, B=16 +14% ("Session 23");
+//     B=4 +17%, B=8 +15%, B=16 +14% ("Session 23"); since the LayerNorm kernel loads its weights
+//     before its wait ("Session 32"), the kernel from 2 rows against those epilogues: B=2 +6.5%,
+//     B=4 +7.6%, B=8 +4.6%, B=16 +1.5%, B=24 +2%, B=128 +11% ("Session 33");
 //   - before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm + cuBLASLt: B=8
 //     18,040 vs 15,271, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64 95,609 vs 117,261
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
 //     epilogue: B=8 +10%, B=16 +10%, B=32 +6%, slower at 48 and 64 rows ("Session 10"; since its warps
 //     split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
-// The logits (bf16) go through logits_rows from 2 rows where it takes them (Hopper; kernels/
-// logits_rows.h), with lnf folded in where the last MLP projection writes the statistics: B=2-4
-// +3-4% against the GEMV, B=5-64 +1.4-2.5% against the LayerNorm kernel + cuBLASLt ("Session 24");
+// The logits (bf16) go through the LayerNorm kernel and logits_rows from 2 rows where it takes them
+// (Hopper; kernels/logits_rows.h): B=2-4 +3-4% against the GEMV, B=5-64 +1.4-2.5% against the
+// LayerNorm kernel + cuBLASLt ("Session 24", then with lnf folded in);
 // elsewhere the GEMV to 4 rows, then cuBLASLt (gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64:
 // "Session 22").
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
@@ -90,24 +85,13 @@
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
 // crossover).
-// The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV: with the LayerNorms in the
-// projections' epilogues (ln_epilogues_take), and without.
-enum { GEMM_ROWS_FROM_FOLDED = 2, GEMM_ROWS_FROM = 17 };
-// The most rows the LayerNorm epilogues take: ln2 in the attention projection, and from what it
-// writes ln1 folded into the next qkv and lnf into the logits. Past them the LayerNorm kernel runs
-// before qkv and fc: since it loads its weights before its wait (docs/PERF.md, "Session 32") it
-// costs less than the epilogues' cluster exchanges from 17 rows. H200, against the epilogues
-// (GPT2_ROWS_LN=0, "Session 33"): decode B = 24-64 +0.5-1.5%, B = 128 +12%; prompts of 112-176
-// tokens 5-11% sooner, 32-96 even; at 2-16 rows the epilogues win by 10-18%.
-enum { LN_EPILOGUE_ROWS = 16 };
-
-// Whether a step of M rows takes the LayerNorm epilogues (bf16 on Hopper; gemm_rows_ln_takes says
-// where the kernel can). The one place the routing asks.
-static int ln_epilogues_take(const GpuState *s, int M) {
-    return s->dtype == DTYPE_BF16 && M <= LN_EPILOGUE_ROWS && gemm_rows_ln_takes(M, s->C, s->C);
-}
+// The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV. The LayerNorm epilogues of
+// sessions 22-24 (ln2 in the attention projection, ln1 folded into qkv from the MLP projection's
+// statistics, lnf into the logits) replaced the LayerNorm kernel there until it loaded its weights
+// before its wait; then they lost at every row count (docs/PERF.md, "Session 33"), and went.
+enum { GEMM_ROWS_FROM = 2 };
 // The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
-// reads wte as fast, and no statistics are written for it).
+// reads wte as fast, and runs no LayerNorm kernel).
 enum { LOGITS_ROWS_FROM = 2 };
 
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
@@ -125,8 +109,7 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
         return s->dtype == DTYPE_BF16 && logits_rows_takes(M, K) ? LOGITS_ROWS_FROM - 1 : rows;
     if (s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
     if (op == LINEAR_OP_PLAIN) return 0;
-    const int from = ln_epilogues_take(s, M) ? GEMM_ROWS_FROM_FOLDED : GEMM_ROWS_FROM;
-    return M >= from && rows >= from ? from - 1 : rows;
+    return M >= GEMM_ROWS_FROM && rows >= GEMM_ROWS_FROM ? GEMM_ROWS_FROM - 1 : rows;
 }
 
 // A product of the many-row route: gemm_rows (bf16, a K that fits, on Hopper) where
@@ -144,34 +127,27 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 
 // The table's workspace (s->workspace, allocated zeroed with the activations): the flash-decoding
 // partials and split counters; greedy decoding's row bests and ticket in the logits' kernel
-// (GREEDY_ROWS at most, left zero by every call); then for the LayerNorm epilogues (LN_EPILOGUE_ROWS
-// at most) each row's shift and its statistics in slices of at least 8 columns.
+// (GREEDY_ROWS at most, left zero by every call).
 // logits_rows takes greedy decoding's pick at every row count it runs (2-64), and then writes only
 // the ids, not the logits: B = 2-32 +0.5-1.1% for the pick in the engine ("Session 27" in
 // docs/PERF.md); with the logits' stores gone, B = 32 +0.9% and the step 0.3-0.6% shorter at 32-64
 // rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it
 // takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
-enum { GREEDY_ROWS = 64, FOLD_ROWS = LN_EPILOGUE_ROWS, FOLD_MIN_SLICE = 8 };
+enum { GREEDY_ROWS = 64 };
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
-    float *shift;                     // [FOLD_ROWS]
-    float *stats;                     // [FOLD_ROWS, C / FOLD_MIN_SLICE] (mean, M2) pairs
 } FusedWorkspace;
 
 static FusedWorkspace fused_workspace(const GpuState *s) {
     FusedWorkspace w;
     w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
-    char *greedy = (char *)s->workspace + w.attention, *shift = greedy + align256((GREEDY_ROWS + 1) * 8);
-    w.greedy_best = s->workspace ? (unsigned long long *)greedy : NULL;
-    w.shift = s->workspace ? (float *)shift : NULL;
-    w.stats = s->workspace ? (float *)(shift + align256(FOLD_ROWS * sizeof(float))) : NULL;
+    w.greedy_best = s->workspace ? (unsigned long long *)((char *)s->workspace + w.attention) : NULL;
     return w;
 }
 
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) + align256(FOLD_ROWS * sizeof(float)) +
-           (size_t)FOLD_ROWS * (s->C / FOLD_MIN_SLICE) * 2 * sizeof(float);
+    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8);
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
@@ -183,37 +159,11 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
            fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
-// The attention projection's kernel also writes ln2's output for fc where fc takes the many-row route
-// and the LayerNorm epilogues take the step (Hopper, bf16, 2-16 rows, C a multiple of 64 to 1024):
-// fused_mlp_in then has no LayerNorm kernel to run (docs/PERF.md, "Session 22"). It also writes each
-// row's mean into the workspace's shift. The one place both ops ask.
-static int attn_out_writes_ln2(const GpuState *s, const GpuStep *st) {
-    return ln_epilogues_take(s, st->M) && st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C) &&
-           st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C);
-}
-
 // The logits of `rows` rows go through logits_rows (bf16 on Hopper, past the GEMV's rows: one
 // persistent kernel streaming wte, docs/PERF.md "Session 24"), else the LayerNorm kernel and cuBLASLt.
 static int logits_take_rows(const GpuState *s, int rows) {
     return s->dtype == DTYPE_BF16 && rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C) &&
            logits_rows_takes(rows, s->C);
-}
-
-// The slices of the next LayerNorm's statistics that layer l's mlp_out writes for the product after
-// it to fold that LayerNorm in (gemm_rows.h), or 0 where it does not: bf16 on Hopper from 2 rows
-// where attn_out writes ln2 (it gives the shift: the row's mean before the MLP's add) and mlp_out
-// goes through gemm_rows; past layer l, layer l + 1's ln1 into its qkv where that goes through
-// gemm_rows (docs/PERF.md, "Session 23"), after the last layer lnf into the logits where one token a
-// sequence goes through logits_rows ("Session 24"). The one place the ops ask.
-static int mlp_out_feeds_ln(const GpuState *s, const GpuStep *st, int l) {
-    if (!attn_out_writes_ln2(s, st) || st->M <= fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C))
-        return 0;
-    if (l + 1 < s->L ? st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) ||
-                           !gemm_rows_takes(st->M, 3 * s->C, s->C)
-                     : st->T != 1 || !logits_take_rows(s, st->M))  // T = 1: the logits' rows are x's
-        return 0;
-    const int slices = gemm_rows_stats_slices(st->M, s->C, 4 * s->C);
-    return slices <= s->C / FOLD_MIN_SLICE ? slices : 0;
 }
 
 // Layer 0's ln1 comes from the embedding kernel wherever its qkv takes the many-row route (prefill,
@@ -225,16 +175,6 @@ static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    const int slices = l > 0 ? mlp_out_feeds_ln(s, st, l - 1) : 0;
-    if (slices) {
-        const FusedWorkspace w = fused_workspace(s);
-        CUDA_TRY(gemm_rows_ln_folded(s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkv_s, ly->qkv_b, w.stats, slices,
-                                     w.shift, st->M, 3 * s->C, s->C, 0, s->stream));
-        if (!attention_reads_qkv(s, st))
-            CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
-                               s->NH, s->HS, s->max_seq, s->dtype, s->stream));
-        return 0;
-    }
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
         if (l > 0 || !fused_embedding_writes_ln1(s, st))
             CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, s->dtype, s->stream));
@@ -270,11 +210,6 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (attn_out_writes_ln2(s, st)) {
-        CUDA_TRY(gemm_rows_residual_ln(s->x, s->atty, ly->attprojw, ly->attprojb, ly->ln2w, ly->ln2b, s->ln,
-                                       fused_workspace(s).shift, st->M, s->C, s->C, 0, s->stream));
-        return 0;
-    }
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
         if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, ly->attprojb, st->M,
                               s->C, s->C, NULL, err))
@@ -288,8 +223,7 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
-        if (!attn_out_writes_ln2(s, st))
-            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, s->dtype, s->stream));
+        CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
                               s->C, s->scratch, err))
             return -1;
@@ -302,13 +236,6 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
-    if (mlp_out_feeds_ln(s, st, l)) {  // ln for the next qkv or the logits: fc has read this layer's
-        const FusedWorkspace w = fused_workspace(s);
-        const float *gamma = l + 1 < s->L ? s->layers[l + 1].ln1w : s->lnfw;
-        CUDA_TRY(gemm_rows_residual_stats(s->x, s->h, ly->fcprojw, ly->fcprojb, gamma, w.shift, s->ln, w.stats, st->M,
-                                          s->C, 4 * s->C, s->stream));
-        return 0;
-    }
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C)) {
         if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, ly->fcprojb, st->M, s->C,
                               4 * s->C, NULL, err))
@@ -332,15 +259,7 @@ static const LogitsGreedy *logits_greedy(const GpuState *s, const GpuStep *st, i
 
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
-    const int folded = mlp_out_feeds_ln(s, st, s->L - 1);
     LogitsGreedy greedy;
-    if (folded) {  // the last mlp_out wrote bf16(lnfw (x - shift)) and the statistics
-        const FusedWorkspace w = fused_workspace(s);
-        const LogitsFold fold = {s->lnf_s, s->lnf_b, w.stats, w.shift, folded};
-        CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, &fold,
-                             logits_greedy(s, st, all_positions, &greedy), s->stream));
-        return 0;
-    }
     // Past the fused rows the LayerNorm kernel, then logits_rows or cuBLASLt.
     if (rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, s->dtype, s->stream));
