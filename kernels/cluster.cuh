@@ -1,7 +1,7 @@
 // Thread-block clusters (sm_90 on): the cluster barrier in halves, and loads from and stores into
 // another block's shared memory (distributed shared memory), shared by the cluster GEMV
 // (linear_kernels.cuh), the decode attention's in-cluster merge (fused_attention.cu) and the few-row
-// GEMM's split of K and LayerNorm epilogue (gemm_rows.cu). Callers launch the kernels that use them
+// GEMM's split of K (gemm_rows.cu). Callers launch the kernels that use them
 // only where the device has clusters (cluster_fits, below); compiled for an older target they trap.
 //
 // barrier.cluster.wait waits for the cluster's non-exited threads to arrive (PTX ISA), so a block

@@ -34,7 +34,7 @@
 
 // The most rows gemm_rows takes. Past 64 the engine's routing (gemm_rows_takes) keeps it to grids of
 // one wave, which for GPT-2's products means at most 704 rows (124M's attention projection, 64 a
-// block); the engine sizes its LayerNorm workspace by it.
+// block).
 #define GEMM_ROWS_MAX_ROWS 1024
 
 #ifdef __cplusplus
@@ -62,45 +62,6 @@ cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const v
 // them for gemm_rows too.
 cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
                          const void *bias, int M, int N, int K, int rb, int ks, cudaStream_t stream);
-
-// The attention projection with the next LayerNorm in its epilogue (batched decode's LN2, whose
-// kernel it replaces): y += x W^T + bias (y fp32 [M, N], rows N apart; bias fp32), then
-// ln = LayerNorm(y's new rows) * gamma + beta (bf16 [M, N], rows N apart; GPT-2's eps 1e-5), and,
-// unless mean is NULL, each row's mean into mean [M] (the shift gemm_rows_residual_stats takes). The
-// N / 64 column blocks of a row block form one thread-block cluster and combine exact two-level row
-// statistics (each block's mean and sum of squared deviations over its 64 columns) through
-// distributed shared memory. Takes N a multiple of 64 to 1024 (16 blocks: the largest cluster) and
-// a K whose W tile fits whole, where the device can place such a cluster; gemm_rows_ln_takes also
-// says whether it should (past 64 rows only at 16 rows a block, one wave); GPT2_ROWS_LN=0 turns it
-// off. rb as gemm_rows_ex's. Returns as gemm_rows does.
-int gemm_rows_ln_takes(int M, int N, int K);
-cudaError_t gemm_rows_residual_ln(float *y, const void *x, const void *W, const float *bias, const float *gamma,
-                                  const float *beta, void *ln, float *mean, int M, int N, int K, int rb,
-                                  cudaStream_t stream);
-
-// The next LayerNorm folded into the product after it (batched decode's LN1: the MLP projection,
-// then qkv), where no cluster holds a whole row (the MLP projection's 48 blocks at K = 3072):
-// 1. gemm_rows_residual_stats: y += x W^T + bias as gemm_rows's residual epilogue (y fp32 [M, N],
-//    rows N apart), and for the LayerNorm
-//      ln    = bf16(gamma * (y - shift)), bf16 [M, N] rows N apart, shift [M] a value near each row's
-//              mean (the attention projection's `mean` above: the row before the MLP's add), so
-//              that a row with a large mean keeps its digits in bf16;
-//      stats = [M, slices] pairs (mean, sum of squared deviations) of y's new rows over `slices`
-//              equal slices of N, fp32; gemm_rows_stats_slices(M, N, K) says how many (0 where it
-//              does not take the shape: N whole 64-column blocks, as gemm_rows_takes; GPT2_ROWS_LN1=0
-//              turns it off).
-// 2. gemm_rows_ln_folded: y = LayerNorm(x0) W^T + b for the x0 whose ln and stats those are, as
-//      y = rstd (ln W^T - (mean - shift) s) + b',  s = W gamma and b' = W beta + b (ln_fold.cu),
-//    mean and rstd (GPT-2's eps) merged from the pairs (Chan et al.); y bf16 [M, N] rows ldy apart,
-//    s and bias (b') fp32 [N], x = ln [M, K], K a multiple of slices. rb as gemm_rows_ex's.
-// Both return as gemm_rows does.
-int gemm_rows_stats_slices(int M, int N, int K);
-cudaError_t gemm_rows_residual_stats(float *y, const void *x, const void *W, const float *bias, const float *gamma,
-                                     const float *shift, void *ln, float *stats, int M, int N, int K,
-                                     cudaStream_t stream);
-cudaError_t gemm_rows_ln_folded(void *y, long long ldy, const void *x, const void *W, const float *s,
-                                const float *bias, const float *stats, int slices, const float *shift, int M, int N,
-                                int K, int rb, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

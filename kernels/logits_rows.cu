@@ -5,7 +5,6 @@
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period):
 //   x_tiles  x's RB rows as K/64 slices of RB rows x 64 k (RB x 128 bytes each), loaded once
 //   ring     STAGES slots of one W slice each: 64 rows x 64 k, 8 KB
-//   rows     the folded LayerNorm's (mean - shift, rstd) of each row
 //   row_best greedy: the block's best rank key (rank_key.cuh) of each row, then its ticket
 //   barriers x_full (x landed), full[STAGES] (a slot's slice landed: TMA's bytes), empty[STAGES]
 //            (a slot's slice multiplied: one arrival per multiplying warp)
@@ -16,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fold_stats.cuh"
 #include "gemm_rows.h"  // gemm_rows_available
 #include "greedy_pick.cuh"
 #include "kernel_util.h"
@@ -33,12 +31,11 @@ constexpr int MMA_THREADS = 128;                // one warpgroup multiplies
 constexpr int THREADS = MMA_THREADS + 32;       // and one warp loads
 constexpr int W_SLICE = BF * BK * 2;
 constexpr int MIN_STAGES = 4, MAX_STAGES = 16;  // 32-128 KB of W in flight an SM
-constexpr int FOLD_PAIRS = 24;                  // slice statistics a thread holds (fold_stats.cuh)
 
 // Shared memory of a block for RB rows of K and STAGES ring slots, the alignment slack included.
 constexpr size_t smem_bytes(int K, int rb, int stages) {
     const size_t slices = (K + BK - 1) / BK;
-    return 1024 + slices * rb * BK * 2 + (size_t)stages * W_SLICE + rb * sizeof(float2) +
+    return 1024 + slices * rb * BK * 2 + (size_t)stages * W_SLICE +
            (rb + 1 + 1 + 2 * (size_t)stages) * sizeof(uint64_t);
 }
 
@@ -86,10 +83,10 @@ __device__ void greedy_finish(const RowBest (&best)[J][2], const LogitsGreedy &g
 // A = W: its rows are y's columns) holds columns fa = f0 + 16 warp + lane / 4 and fa + 8, rows
 // t = 8 j + 2 (lane % 4) and t + 1: acc[j] = {(fa, t), (fa, t+1), (fa+8, t), (fa+8, t+1)}.
 
-template <int RB, int STAGES, bool FOLD>
+template <int RB, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1)
     logits_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, float *y,
-                  long long ldy, LogitsFold fold, LogitsGreedy greedy, int M, int N, int K) {
+                  long long ldy, LogitsGreedy greedy, int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr int J = RB / 8;
     extern __shared__ unsigned char smem_raw[];
@@ -98,8 +95,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int my_tiles = (tiles - 1 - blockIdx.x) / gridDim.x + 1;
     const int items = my_tiles * slices;  // the ring's slices, over the block's tiles
     unsigned char *x_tiles = smem, *ring = smem + (size_t)slices * RB * BK * 2;
-    float2 *rows = reinterpret_cast<float2 *>(ring + (size_t)STAGES * W_SLICE);
-    unsigned long long *row_best = reinterpret_cast<unsigned long long *>(rows + RB);  // [RB], then the ticket
+    unsigned long long *row_best =
+        reinterpret_cast<unsigned long long *>(ring + (size_t)STAGES * W_SLICE);  // [RB], then the ticket
     uint64_t *x_full = reinterpret_cast<uint64_t *>(row_best + RB + 1), *full = x_full + 1, *empty = full + STAGES;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
@@ -132,27 +129,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 
     pdl_wait();
-    // The folded LayerNorm's row statistics: loaded now, merged under the first tile's MMAs
-    // (fold_stats.cuh), then each of the thread's rows' (mean - shift, rstd) held in registers.
-    const FoldStats fold_stats = {reinterpret_cast<const float2 *>(fold.stats), fold.slices, fold.shift};
-    FoldLoad<FOLD_PAIRS> fold_pairs;
-    if constexpr (FOLD) fold_pairs = fold_load<RB, MMA_THREADS, FOLD_PAIRS>(fold_stats, 0, M, tid);
-    float2 row_fold[J][2];  // rows 8 j + 2 (lane % 4) and the next
-    RowBest best[J][2];  // greedy: the largest logit of the same rows, and its column
+    RowBest best[J][2];  // greedy: the largest logit of rows 8 j + 2 (lane % 4) and the next, and its column
 #pragma unroll
     for (int j = 0; j < J; j++) best[j][0] = best[j][1] = RowBest{-INFINITY, -1};
     mbar_wait(x_full, 0);
     const int fa_in_tile = 16 * warp + lane / 4;
     for (int i = 0, n = 0; n < my_tiles; n++) {
         const int f0 = (blockIdx.x + n * gridDim.x) * BF;
-        // The tile's folded vectors, by column, read while its slices land.
-        float fs[2] = {0.0f, 0.0f}, fb[2] = {0.0f, 0.0f};
-        if constexpr (FOLD)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int f = f0 + fa_in_tile + 8 * h;
-                if (f < N) fs[h] = fold.s[f], fb[h] = fold.bias[f];
-            }
         float acc[J][4];
 #pragma unroll
         for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -164,14 +147,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_hold(acc);
             if (s > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % STAGES]);
         }
-        if (FOLD && n == 0) {
-            fold_finish<RB, MMA_THREADS, FOLD_PAIRS>(fold_stats, fold_pairs, rows, 0, M, K, tid);
-            // The warpgroup's barrier (named, not the producer's): rows is written.
-            asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
-#pragma unroll
-            for (int j = 0; j < J; j++)
-                row_fold[j][0] = rows[8 * j + 2 * (lane % 4)], row_fold[j][1] = rows[8 * j + 2 * (lane % 4) + 1];
-        }
         wgmma_wait<0>();
         wgmma_hold(acc);
         if (lane == 0) mbar_arrive(&empty[(i - 1) % STAGES]);
@@ -181,8 +156,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int e = 0; e < 4; e++) {
                 const int t = 8 * j + 2 * (lane % 4) + (e & 1), h = e >> 1, f = f0 + fa_in_tile + 8 * h;
                 if (t >= M || f >= N) continue;
-                float v = acc[j][e];
-                if constexpr (FOLD) v = row_fold[j][e & 1].y * (v - row_fold[j][e & 1].x * fs[h]) + fb[h];
+                const float v = acc[j][e];
                 if (!greedy.ids_only) y[t * ldy + f] = v;
                 if (greedy.next && v > best[j][e & 1].logit) best[j][e & 1] = RowBest{v, f};
             }
@@ -204,41 +178,40 @@ int pick_stages(int K, int rb) {
     return stages >= MIN_STAGES ? stages : 0;
 }
 
-template <int RB, int STAGES, bool FOLD>
+template <int RB, int STAGES>
 cudaError_t launch(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
-                   const LogitsFold &fold, const LogitsGreedy &greedy, cudaStream_t stream) {
+                   const LogitsGreedy &greedy, cudaStream_t stream) {
     CUtensorMap x_map, w_map;
     if (!tensor_map(&x_map, x, M, K, ldx, RB) || !tensor_map(&w_map, W, N, K, K, BF)) return cudaErrorInvalidValue;
     const size_t smem = smem_bytes(K, RB, STAGES);
     static size_t smem_set;  // per instantiation: the largest allowed so far
     if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(logits_kernel<RB, STAGES, FOLD>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e =
+            cudaFuncSetAttribute(logits_kernel<RB, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         smem_set = smem;
     }
     const int tiles = (N + BF - 1) / BF, sms = device_attr<cudaDevAttrMultiProcessorCount>(1);
-    return launch_pdl(logits_kernel<RB, STAGES, FOLD>, dim3(tiles < sms ? tiles : sms), dim3(THREADS), smem, stream,
-                      x_map, w_map, y, ldy, fold, greedy, M, N, K);
+    return launch_pdl(logits_kernel<RB, STAGES>, dim3(tiles < sms ? tiles : sms), dim3(THREADS), smem, stream, x_map,
+                      w_map, y, ldy, greedy, M, N, K);
 }
 
-template <int RB, bool FOLD>
+template <int RB>
 cudaError_t launch_stages(int stages, float *y, long long ldy, const void *x, long long ldx, const void *W, int M,
-                          int N, int K, const LogitsFold &fold, const LogitsGreedy &greedy, cudaStream_t stream) {
+                          int N, int K, const LogitsGreedy &greedy, cudaStream_t stream) {
     switch (stages) {
-    case 4: return launch<RB, 4, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
-    case 8: return launch<RB, 8, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
-    default: return launch<RB, 16, FOLD>(y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
+    case 4: return launch<RB, 4>(y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    case 8: return launch<RB, 8>(y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    default: return launch<RB, 16>(y, ldy, x, ldx, W, M, N, K, greedy, stream);
     }
 }
 
-template <bool FOLD>
 cudaError_t launch_rows(int rb, int stages, float *y, long long ldy, const void *x, long long ldx, const void *W,
-                        int M, int N, int K, const LogitsFold &fold, const LogitsGreedy &greedy, cudaStream_t stream) {
+                        int M, int N, int K, const LogitsGreedy &greedy, cudaStream_t stream) {
     switch (rb) {
-    case 16: return launch_stages<16, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
-    case 32: return launch_stages<32, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
-    default: return launch_stages<64, FOLD>(stages, y, ldy, x, ldx, W, M, N, K, fold, greedy, stream);
+    case 16: return launch_stages<16>(stages, y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    case 32: return launch_stages<32>(stages, y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    default: return launch_stages<64>(stages, y, ldy, x, ldx, W, M, N, K, greedy, stream);
     }
 }
 
@@ -252,18 +225,14 @@ extern "C" int logits_rows_takes(int M, int K) {
 }
 
 extern "C" cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N,
-                                   int K, const LogitsFold *fold, const LogitsGreedy *greedy, cudaStream_t stream) {
+                                   int K, const LogitsGreedy *greedy, cudaStream_t stream) {
     if (M < 1 || N <= 0 || K <= 0 || ldy < N || ldx < K || !y || !x || !W ||
-        (fold && (!fold->s || !fold->bias || !fold->stats || !fold->shift || fold->slices <= 0 || K % fold->slices)) ||
         (greedy && (!greedy->next || !greedy->best || !greedy->ticket)))
         return cudaErrorInvalidValue;
     if (!logits_rows_takes(M, K) || ldx % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
-        (fold && (uintptr_t)fold->stats % 8) || (greedy && (uintptr_t)greedy->best % 8))
+        (greedy && (uintptr_t)greedy->best % 8))
         return cudaErrorNotSupported;
     const int rb = pick_rows(M), stages = pick_stages(K, rb);
-    const LogitsFold no_fold = {};
     const LogitsGreedy no_greedy = {};
-    const LogitsGreedy &g = greedy ? *greedy : no_greedy;
-    return fold ? launch_rows<true>(rb, stages, y, ldy, x, ldx, W, M, N, K, *fold, g, stream)
-                : launch_rows<false>(rb, stages, y, ldy, x, ldx, W, M, N, K, no_fold, g, stream);
+    return launch_rows(rb, stages, y, ldy, x, ldx, W, M, N, K, greedy ? *greedy : no_greedy, stream);
 }

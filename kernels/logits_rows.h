@@ -15,12 +15,7 @@
 //   - one warpgroup multiplies each slice as it lands (wgmma, W's 64 rows as the A operand and x's
 //     rows as the N side, as gemm_rows does), and writes the tile's fp32 logits.
 //
-// The final LayerNorm either comes before (x = LayerNorm(x0) in bf16: the LayerNorm kernel's
-// output), or is folded in from the statistics the last layer's MLP projection wrote, as qkv folds
-// ln1 in (gemm_rows.h, gemm_rows_ln_folded): x = bf16(gamma * (x0 - shift)) and
-//   y = rstd (x W^T - (mean - shift) s) + b',  s = W gamma, b' = W beta (ln_fold.cu),
-// mean and rstd merged from the rows' (mean, M2) slice pairs. Then no kernel runs between the last
-// layer and the logits.
+// The final LayerNorm comes before: x = LayerNorm(x0) in bf16, the LayerNorm kernel's output.
 //
 // Shapes: 1 <= M <= 64, K % 8 == 0 and x's M rows of K plus a ring of four slices fitting in shared
 // memory (logits_rows_takes: every GPT-2 size to 64 rows but 1558M past 32); y [M, N] fp32 rows ldy
@@ -37,23 +32,16 @@
 extern "C" {
 #endif
 
-// The folded LayerNorm (above): s and bias [N] fp32, stats [M, slices] (mean, M2) pairs of x0's
-// rows over `slices` equal slices of K, shift [M].
-typedef struct {
-    const float *s, *bias, *stats, *shift;
-    int slices;
-} LogitsFold;
-
 // 1 when logits_rows runs M rows of K on the current device (gemm_rows_available(), the shapes
 // above); GPT2_LOGITS_ROWS=0 turns it off (to compare routes).
 int logits_rows_takes(int M, int K);
 
-// y = x W^T (fold NULL) or the folded LayerNorm's product (fold set), and with greedy set each
-// row's greedy token too (with greedy->ids_only, only the tokens: y is not written). Returns
-// cudaSuccess, cudaErrorNotSupported (a shape or device it does not take; nothing launched) or
-// cudaErrorInvalidValue (a bad argument; nothing launched), else the launch's error.
+// y = x W^T, and with greedy set each row's greedy token too (with greedy->ids_only, only the
+// tokens: y is not written). Returns cudaSuccess, cudaErrorNotSupported (a shape or device it does
+// not take; nothing launched) or cudaErrorInvalidValue (a bad argument; nothing launched), else the
+// launch's error.
 cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
-                        const LogitsFold *fold, const LogitsGreedy *greedy, cudaStream_t stream);
+                        const LogitsGreedy *greedy, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

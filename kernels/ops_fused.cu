@@ -264,7 +264,7 @@ static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error
     if (rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, s->dtype, s->stream));
         if (logits_take_rows(s, rows)) {
-            CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C, NULL,
+            CUDA_TRY(logits_rows(s->logits, s->logits_ld, s->ln, s->C, s->wte, rows, s->V, s->C,
                                  logits_greedy(s, st, all_positions, &greedy), s->stream));
             return 0;
         }

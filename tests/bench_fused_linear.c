@@ -4,8 +4,8 @@
 //                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M
 //                                                                                  | --one-rows EPILOGUE K N M]
-// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt, and with
-// LN2 in its epilogue against the LayerNorm kernel after it; --logits: logits_rows against cuBLASLt, below)
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt; --logits:
+// logits_rows against cuBLASLt, below)
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -514,182 +514,21 @@ static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
     cudaFree(b.bias), cudaFree(b.y);
 }
 
-// How far apart two routes to the same bf16 output out [n] land: each run once on input set 0 from
-// y = 0 (y_bytes: the residual both add into), then rel_l2 between them (the few-row pairs below
-// are validated so before they are timed).
-static double routes_differ(EnqueueFn a, EnqueueFn b, void *ctx, float *y, size_t y_bytes, const void *out, size_t n) {
-    const EnqueueFn route[2] = {a, b};
-    float *got[2];
-    for (int i = 0; i < 2; i++) {
-        CK(cudaMemsetAsync(y, 0, y_bytes, stream));
-        route[i](ctx, 0);
-        got[i] = fetch(out, n, DTYPE_BF16);
-    }
-    const double e = rel_l2(got[1], got[0], n);
-    free(got[0]), free(got[1]);
-    return e;
-}
-
-// Two routes to one output, already validated against each other (e: their rel_l2): prints "INVALID"
-// past 1e-2, else times both and prints "  A us | b_name  B us (A/B x)". Returns 1 when timed.
-static int time_route_pair(EnqueueFn a, EnqueueFn b, void *ctx, int nsets, double e, const char *b_name) {
-    if (!(e <= 1e-2)) {
-        printf(" INVALID (rel_l2 %.3g between them): not timed\n", e);
-        return 0;
-    }
-    const Timing ta = time_it(a, ctx, nsets), tb = time_it(b, ctx, nsets);
-    printf(" %6.2f us | %s %6.2f (%.2fx)", ta.graph_us, b_name, tb.graph_us, ta.graph_us / tb.graph_us);
-    return 1;
-}
-
-// The attention projection followed by LN2 (C = 768): gemm_rows then a LayerNorm kernel (the
-// baseline's, as the engine's one warp a row), against gemm_rows_residual_ln (both in one kernel),
-// validated against each other first.
-typedef struct {
-    int M, C, nsets;
-    void **x, **W;        // [nsets] bf16
-    float *bias, *gamma, *beta, *y;
-    void *ln;             // bf16 [M, C]
-} RowsLnBench;
-
-static void enqueue_proj_then_ln(void *p, int set) {
-    RowsLnBench *b = p;
-    CK(gemm_rows(MATMUL_LT_BIAS_RESIDUAL, b->y, b->C, b->x[set], b->W[set], b->bias, b->M, b->C, b->C, stream));
-    CK(baseline_layernorm(b->ln, b->y, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
-}
-static void enqueue_proj_ln(void *p, int set) {
-    RowsLnBench *b = p;
-    CK(gemm_rows_residual_ln(b->y, b->x[set], b->W[set], b->bias, b->gamma, b->beta, b->ln, NULL, b->M, b->C, b->C,
-                             0, stream));
-}
-
-static void bench_rows_ln(int M) {
-    const int C = 768;
-    RowsLnBench b = {M, C, nsets_for((size_t)C * C * 2), NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    random_sets(b.nsets, (size_t)C * C, (size_t)M * C, &b.W, &b.x);
-    float *hv = xmalloc(C * 4);
-    for (int n = 0; n < C; n++) hv[n] = 0.1f * frand();
-    b.bias = upload_w(hv, C, DTYPE_F32);
-    b.beta = upload_w(hv, C, DTYPE_F32);
-    for (int n = 0; n < C; n++) hv[n] = 1.0f + 0.2f * frand();
-    b.gamma = upload_w(hv, C, DTYPE_F32);
-    CK(cudaMalloc((void **)&b.y, (size_t)M * C * 4));
-    CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
-    const double e =
-        routes_differ(enqueue_proj_then_ln, enqueue_proj_ln, &b, b.y, (size_t)M * C * 4, b.ln, (size_t)M * C);
-    printf("rows proj+LN2    768->768  M=%-3d | gemm_rows + LayerNorm kernel", M);
-    if (time_route_pair(enqueue_proj_then_ln, enqueue_proj_ln, &b, b.nsets, e, "gemm_rows_residual_ln")) printf("\n");
-    fflush(stdout);
-    free(hv);
-    free_sets(b.nsets, b.W, b.x);
-    cudaFree(b.bias), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.y), cudaFree(b.ln);
-}
-
-// The MLP projection then the next layer's qkv (C = 768), ln1 between them: gemm_rows, a LayerNorm
-// kernel and gemm_rows, against gemm_rows_residual_stats and gemm_rows_ln_folded (ln1 folded into
-// qkv), validated against each other first (shift 0: the rows' means are near 0 here).
-typedef struct {
-    int M, C, nsets, slices;
-    void **h, **W2, **Wq, **wq_x;  // [nsets] bf16: h [M, 4C], W2 [C, 4C], Wq [3C, C] (wq_x: one unused value)
-    float *b2, *gamma, *beta, *fold_s, *fold_b, *shift, *stats, *y;
-    void *bq, *ln, *q;  // bq bf16 (the plain product's bias), ln bf16 [M, C], q bf16 [M, 3C]
-} RowsLn1Bench;
-
-static void enqueue_ln1_kernel(void *p, int set) {
-    RowsLn1Bench *b = p;
-    const int C = b->C, M = b->M;
-    CK(gemm_rows(MATMUL_LT_BIAS_RESIDUAL, b->y, C, b->h[set], b->W2[set], b->b2, M, C, 4 * C, stream));
-    CK(baseline_layernorm(b->ln, b->y, b->gamma, b->beta, M, C, DTYPE_BF16, stream));
-    CK(gemm_rows(MATMUL_LT_BIAS, b->q, 3 * C, b->ln, b->Wq[set], b->bq, M, 3 * C, C, stream));
-}
-static void enqueue_ln1_stats(void *p, int set) {
-    RowsLn1Bench *b = p;
-    CK(gemm_rows_residual_stats(b->y, b->h[set], b->W2[set], b->b2, b->gamma, b->shift, b->ln, b->stats, b->M, b->C,
-                                4 * b->C, stream));
-}
-static void enqueue_ln1_qkv_folded(void *p, int set) {
-    RowsLn1Bench *b = p;
-    CK(gemm_rows_ln_folded(b->q, 3 * b->C, b->ln, b->Wq[set], b->fold_s, b->fold_b, b->stats, b->slices, b->shift,
-                           b->M, 3 * b->C, b->C, 0, stream));
-}
-static void enqueue_ln1_folded(void *p, int set) {
-    enqueue_ln1_stats(p, set);
-    enqueue_ln1_qkv_folded(p, set);
-}
-// Each product of the two routes alone.
-static void enqueue_ln1_fcproj(void *p, int set) {
-    RowsLn1Bench *b = p;
-    CK(gemm_rows(MATMUL_LT_BIAS_RESIDUAL, b->y, b->C, b->h[set], b->W2[set], b->b2, b->M, b->C, 4 * b->C, stream));
-}
-static void enqueue_ln1_qkv(void *p, int set) {
-    RowsLn1Bench *b = p;
-    CK(gemm_rows(MATMUL_LT_BIAS, b->q, 3 * b->C, b->ln, b->Wq[set], b->bq, b->M, 3 * b->C, b->C, stream));
-}
-
-static void bench_rows_ln1(int M) {
-    const int C = 768, N = 3 * C;
-    RowsLn1Bench b = {.M = M, .C = C, .nsets = nsets_for((size_t)7 * C * C * 2),  // W2 and Wq, bf16
-                      .slices = gemm_rows_stats_slices(M, C, 4 * C)};
-    random_sets(b.nsets, (size_t)4 * C * C, (size_t)M * 4 * C, &b.W2, &b.h);
-    random_sets(b.nsets, (size_t)N * C, 1, &b.Wq, &b.wq_x);
-    float *hv = xmalloc(N * 4), *hg = xmalloc(C * 4), *hbeta = xmalloc(C * 4), *hs = xmalloc(N * 4);
-    for (int n = 0; n < C; n++) hg[n] = 1.0f + 0.2f * frand(), hbeta[n] = 0.1f * frand();
-    b.gamma = upload_w(hg, C, DTYPE_F32), b.beta = upload_w(hbeta, C, DTYPE_F32);
-    for (int n = 0; n < C; n++) hv[n] = 0.1f * frand();
-    b.b2 = upload_w(hv, C, DTYPE_F32);
-    for (int n = 0; n < N; n++) hv[n] = bf16_to_float(float_to_bf16(0.1f * frand()));
-    b.bq = upload_w(hv, N, DTYPE_BF16);
-    // s = Wq gamma and b' = Wq beta + bq from set 0's Wq (the timed sets reuse them: same work).
-    float *wq = fetch(b.Wq[0], (size_t)N * C, DTYPE_BF16);
-    for (int n = 0; n < N; n++) {
-        double sg = 0, sb = 0;
-        for (int k = 0; k < C; k++) {
-            const double w = wq[(size_t)n * C + k];
-            sg += w * hg[k], sb += w * hbeta[k];
-        }
-        hs[n] = (float)sg, hv[n] = (float)(sb + hv[n]);
-    }
-    b.fold_s = upload_w(hs, N, DTYPE_F32), b.fold_b = upload_w(hv, N, DTYPE_F32);
-    CK(cudaMalloc((void **)&b.shift, (size_t)M * 4));
-    CK(cudaMemsetAsync(b.shift, 0, (size_t)M * 4, stream));
-    CK(cudaMalloc((void **)&b.stats, (size_t)M * (b.slices ? b.slices : 1) * 8));
-    CK(cudaMalloc((void **)&b.y, (size_t)M * C * 4));
-    CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
-    CK(cudaMalloc(&b.q, (size_t)M * N * 2));
-    const double e =
-        routes_differ(enqueue_ln1_kernel, enqueue_ln1_folded, &b, b.y, (size_t)M * C * 4, b.q, (size_t)M * N);
-    free(wq);
-    printf("rows fcproj+LN1+qkv M=%-3d | gemm_rows + LayerNorm kernel + gemm_rows", M);
-    if (time_route_pair(enqueue_ln1_kernel, enqueue_ln1_folded, &b, b.nsets, e, "statistics + folded qkv")) {
-        const Timing fp = time_it(enqueue_ln1_fcproj, &b, b.nsets), fs = time_it(enqueue_ln1_stats, &b, b.nsets);
-        const Timing qp = time_it(enqueue_ln1_qkv, &b, b.nsets), qf = time_it(enqueue_ln1_qkv_folded, &b, b.nsets);
-        printf(" | alone: fcproj %.2f, with statistics %.2f; qkv %.2f, folded %.2f\n", fp.graph_us, fs.graph_us,
-               qp.graph_us, qf.graph_us);
-    }
-    fflush(stdout);
-    free(hv), free(hg), free(hbeta), free(hs);
-    free_sets(b.nsets, b.W2, b.h);
-    free_sets(b.nsets, b.Wq, b.wq_x);
-    cudaFree(b.b2), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.fold_s), cudaFree(b.fold_b), cudaFree(b.shift);
-    cudaFree(b.stats), cudaFree(b.y), cudaFree(b.bq), cudaFree(b.ln), cudaFree(b.q);
-}
-
 // The logits of GPT-2 124M (768 -> 50257, y's rows 50304 apart): the engine's route past 4 rows
 // before logits_rows (the LayerNorm kernel, then cuBLASLt over the padded width: wte's padding rows
-// are zero) against the LayerNorm kernel + logits_rows, and logits_rows with lnf folded in (x =
-// bf16(gamma x0) and x0's 16-column slice statistics, as the last MLP projection writes them; shift
-// 0); each product alone, and logits_rows's rate of reading W. Greedy decoding's pick: the folded
-// route then the device sampler's greedy kernel (sampling.h) against logits_rows taking the pick
-// itself (LogitsGreedy); at 1-4 rows (the engine's GEMV rows before Hopper; one row on it) the same
-// for the GEMV with lnf inside (fused_ln_linear.h, fp32 x0). Validated against the cuBLASLt route
-// first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2 folded and the GEMV), and the picks
-// against each other (the same ids).
+// are zero) against the LayerNorm kernel + logits_rows (the engine's route); each product alone, and
+// logits_rows's rate of reading W. Greedy decoding's pick: the LayerNorm kernel + logits_rows, then
+// the device sampler's greedy kernel (sampling.h), against logits_rows taking the pick itself
+// (LogitsGreedy); at 1-4 rows (the engine's GEMV rows before Hopper; one row on it) the same for the
+// GEMV with lnf inside (fused_ln_linear.h, fp32 x0, lnf folded into s = W gamma and b' = W beta).
+// Validated against the cuBLASLt route first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2
+// the GEMV), and the picks against each other (the same ids).
 typedef struct {
     int M, C, V, ld, nsets;
     void **W, **unused;   // [nsets] bf16 W [ld, C], rows past V zero
     float *x0, *gamma, *beta, *y;
-    void *ln, *xf;        // bf16 [M, C]: LayerNorm(x0); gamma x0 (the folded route's input)
-    LogitsFold fold;
+    void *ln;             // bf16 [M, C]: LayerNorm(x0)
+    float *s, *b;         // [V] the GEMV's folded lnf: s = W gamma, b' = W beta
     int *next;            // [M] the picks
     LogitsGreedy greedy;  // its workspace zeroed
     void *sampling_ws;    // the device sampler's, zeroed
@@ -707,34 +546,31 @@ static void enqueue_logits_lt(void *p, int set) {
 }
 static void enqueue_logits_rows_alone(void *p, int set) {
     LogitsBench *b = p;
-    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, NULL, NULL, stream));
+    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, NULL, stream));
 }
 static void enqueue_logits_rows(void *p, int set) {
     LogitsBench *b = p;
     CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
     enqueue_logits_rows_alone(p, set);
 }
-static void enqueue_logits_folded(void *p, int set) {
-    LogitsBench *b = p;
-    CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, NULL, stream));
-}
 // Greedy's pick by the device sampler's kernel, after the logits.
 static void enqueue_sampler(const LogitsBench *b) {
     CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, b->sampling_ws, b->sampling_ws_bytes,
                         stream));
 }
-static void enqueue_logits_folded_sampler(void *p, int set) {
-    enqueue_logits_folded(p, set);
+static void enqueue_logits_rows_sampler(void *p, int set) {
+    enqueue_logits_rows(p, set);
     enqueue_sampler(p);
 }
-static void enqueue_logits_folded_greedy(void *p, int set) {
+static void enqueue_logits_rows_greedy(void *p, int set) {
     LogitsBench *b = p;
-    CK(logits_rows(b->y, b->ld, b->xf, b->C, b->W[set], b->M, b->V, b->C, &b->fold, &b->greedy, stream));
+    CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
+    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, &b->greedy, stream));
 }
 
 static void logits_gemv(const LogitsBench *b, int set, const LogitsGreedy *greedy) {
-    CK(fused_ln_linear_ex(b->x0, b->C, b->gamma, b->W[set], DTYPE_BF16, b->fold.s, b->fold.bias, b->y, b->ld,
-                          DTYPE_F32, b->M, b->V, b->C, ACT_NONE, NULL, greedy, LINEAR_PATH_GEMV, stream));
+    CK(fused_ln_linear_ex(b->x0, b->C, b->gamma, b->W[set], DTYPE_BF16, b->s, b->b, b->y, b->ld, DTYPE_F32, b->M,
+                          b->V, b->C, ACT_NONE, NULL, greedy, LINEAR_PATH_GEMV, stream));
 }
 static void enqueue_logits_gemv(void *p, int set) { logits_gemv(p, set, NULL); }
 static void enqueue_logits_gemv_sampler(void *p, int set) {
@@ -747,24 +583,15 @@ static void enqueue_logits_gemv_greedy(void *p, int set) {
 }
 
 static void bench_logits(int M) {
-    const int C = 768, V = 50257, ld = 50304, slices = C / 16;
+    const int C = 768, V = 50257, ld = 50304;
     LogitsBench b = {.M = M, .C = C, .V = V, .ld = ld, .nsets = nsets_for((size_t)ld * C * 2)};
     random_sets(b.nsets, (size_t)ld * C, 1, &b.W, &b.unused);
     for (int i = 0; i < b.nsets; i++)
         CK(cudaMemsetAsync((uint16_t *)b.W[i] + (size_t)V * C, 0, (size_t)(ld - V) * C * 2, stream));
     float *hx = xmalloc((size_t)M * C * 4), *hg = xmalloc(C * 4), *hbeta = xmalloc(C * 4);
-    float *hst = xmalloc((size_t)M * slices * 8), *hs = xmalloc(V * 4), *hb = xmalloc(V * 4);
+    float *hs = xmalloc(V * 4), *hb = xmalloc(V * 4);
     for (size_t i = 0; i < (size_t)M * C; i++) hx[i] = frand();
     for (int k = 0; k < C; k++) hg[k] = 1.0f + 0.2f * frand(), hbeta[k] = 0.1f * frand();
-    for (int t = 0; t < M; t++)
-        for (int j = 0; j < slices; j++) {
-            const float *v = hx + (size_t)t * C + 16 * j;
-            double m = 0, m2 = 0;
-            for (int k = 0; k < 16; k++) m += v[k];
-            m /= 16;
-            for (int k = 0; k < 16; k++) m2 += (v[k] - m) * (v[k] - m);
-            hst[2 * ((size_t)t * slices + j)] = (float)m, hst[2 * ((size_t)t * slices + j) + 1] = (float)m2;
-        }
     float *w = fetch(b.W[0], (size_t)V * C, DTYPE_BF16);  // s = W gamma, b' = W beta from set 0's W
     for (int n = 0; n < V; n++) {
         double sg = 0, sb = 0;
@@ -777,13 +604,7 @@ static void bench_logits(int M) {
     free(w);
     b.x0 = upload_w(hx, (size_t)M * C, DTYPE_F32);
     b.gamma = upload_w(hg, C, DTYPE_F32), b.beta = upload_w(hbeta, C, DTYPE_F32);
-    for (int t = 0; t < M; t++)
-        for (int k = 0; k < C; k++) hx[(size_t)t * C + k] *= hg[k];
-    b.xf = upload_w(hx, (size_t)M * C, DTYPE_BF16);
-    float *zeros = xmalloc((size_t)M * 4);
-    memset(zeros, 0, (size_t)M * 4);
-    b.fold = (LogitsFold){upload_w(hs, V, DTYPE_F32), upload_w(hb, V, DTYPE_F32),
-                          upload_w(hst, (size_t)M * slices * 2, DTYPE_F32), upload_w(zeros, M, DTYPE_F32), slices};
+    b.s = upload_w(hs, V, DTYPE_F32), b.b = upload_w(hb, V, DTYPE_F32);
     CK(cudaMalloc(&b.ln, (size_t)M * C * 2));
     CK(cudaMalloc((void **)&b.y, (size_t)M * ld * 4));
     b.sampling_ws_bytes = sampling_workspace_size(M, V);
@@ -794,18 +615,18 @@ static void bench_logits(int M) {
     b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const int gemv = M <= 4;
-    const EnqueueFn routes[4] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_folded, enqueue_logits_gemv};
-    float *got[4] = {NULL};
-    for (int r = 0; r < 3 + gemv; r++) {
+    const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_gemv};
+    float *got[3] = {NULL};
+    for (int r = 0; r < 2 + gemv; r++) {
         CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));
         routes[r](&b, 0);
         got[r] = fetch(b.y, (size_t)M * ld, DTYPE_F32);
     }
-    const double e_rows = rel_l2(got[1], got[0], (size_t)M * ld), e_fold = rel_l2(got[2], got[0], (size_t)M * ld);
-    const double e_gemv = gemv ? rel_l2(got[3], got[0], (size_t)M * ld) : 0.0;
+    const double e_rows = rel_l2(got[1], got[0], (size_t)M * ld);
+    const double e_gemv = gemv ? rel_l2(got[2], got[0], (size_t)M * ld) : 0.0;
     // The picks of each route with the sampler, then taking them itself.
-    const EnqueueFn pickers[4] = {enqueue_logits_folded_sampler, enqueue_logits_folded_greedy,
-                                  enqueue_logits_gemv_sampler, enqueue_logits_gemv_greedy};
+    const EnqueueFn pickers[4] = {enqueue_logits_rows_sampler, enqueue_logits_rows_greedy, enqueue_logits_gemv_sampler,
+                                  enqueue_logits_gemv_greedy};
     int picks[4][64], same = 1;
     for (int r = 0; r < 2 + 2 * gemv; r++) {
         CK(cudaMemsetAsync(b.next, 0xff, (size_t)M * 4, stream));
@@ -815,20 +636,18 @@ static void bench_logits(int M) {
     CK(cudaStreamSynchronize(stream));
     for (int t = 0; t < M; t++) same &= picks[0][t] == picks[1][t] && (!gemv || picks[2][t] == picks[3][t]);
     printf("logits 768->50257 M=%-3d |", M);
-    if (!(e_rows <= 1e-5) || !(e_fold <= 1e-2) || !(e_gemv <= 1e-2) || !same) {
-        printf(" INVALID (rel_l2 %.3g plain, %.3g folded, %.3g GEMV against cuBLASLt; greedy picks %s): not timed\n",
-               e_rows, e_fold, e_gemv, same ? "agree" : "differ");
+    if (!(e_rows <= 1e-5) || !(e_gemv <= 1e-2) || !same) {
+        printf(" INVALID (rel_l2 %.3g logits_rows, %.3g GEMV against cuBLASLt; greedy picks %s): not timed\n", e_rows,
+               e_gemv, same ? "agree" : "differ");
     } else {
-        Timing t[7];
-        const EnqueueFn fns[7] = {enqueue_logits_lt,       enqueue_logits_rows,           enqueue_logits_folded,
-                                  enqueue_logits_lt_alone, enqueue_logits_rows_alone,     enqueue_logits_folded_sampler,
-                                  enqueue_logits_folded_greedy};
-        for (int i = 0; i < 7; i++) t[i] = time_it(fns[i], &b, b.nsets);
-        printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | folded %6.2f (%.2fx) | alone: cuBLASLt"
-               " %.2f, logits_rows %.2f (W at %.0f GB/s) | greedy: folded + sampler %.2f, folded taking it %.2f\n",
-               t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us,
-               t[0].graph_us / t[2].graph_us, t[3].graph_us, t[4].graph_us, (double)V * C * 2 / (t[4].graph_us * 1e3),
-               t[5].graph_us, t[6].graph_us);
+        Timing t[6];
+        const EnqueueFn fns[6] = {enqueue_logits_lt,         enqueue_logits_rows,         enqueue_logits_lt_alone,
+                                  enqueue_logits_rows_alone, enqueue_logits_rows_sampler, enqueue_logits_rows_greedy};
+        for (int i = 0; i < 6; i++) t[i] = time_it(fns[i], &b, b.nsets);
+        printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | alone: cuBLASLt %.2f, logits_rows %.2f"
+               " (W at %.0f GB/s) | greedy: LN + logits_rows + sampler %.2f, LN + logits_rows taking it %.2f\n",
+               t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us, t[3].graph_us,
+               (double)V * C * 2 / (t[3].graph_us * 1e3), t[4].graph_us, t[5].graph_us);
         if (gemv)
             printf("    GEMV with lnf inside %.2f us | greedy: GEMV + sampler %.2f, GEMV taking it %.2f\n",
                    time_it(enqueue_logits_gemv, &b, b.nsets).graph_us,
@@ -836,13 +655,11 @@ static void bench_logits(int M) {
                    time_it(enqueue_logits_gemv_greedy, &b, b.nsets).graph_us);
     }
     fflush(stdout);
-    for (int r = 0; r < 4; r++) free(got[r]);
-    free(hx), free(hg), free(hbeta), free(hst), free(hs), free(hb), free(zeros);
+    for (int r = 0; r < 3; r++) free(got[r]);
+    free(hx), free(hg), free(hbeta), free(hs), free(hb);
     free_sets(b.nsets, b.W, b.unused);
-    cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.xf), cudaFree(b.ln), cudaFree(b.y);
+    cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.s), cudaFree(b.b), cudaFree(b.ln), cudaFree(b.y);
     cudaFree(b.sampling_ws), cudaFree(b.next);
-    cudaFree((void *)b.fold.s), cudaFree((void *)b.fold.bias);
-    cudaFree((void *)b.fold.stats), cudaFree((void *)b.fold.shift);
 }
 
 int main(int argc, char **argv) {
@@ -929,8 +746,6 @@ int main(int argc, char **argv) {
             bench_rows(MATMUL_LT_BIAS_GELU, 768, 3072, Mr[mi]);
             bench_rows(MATMUL_LT_BIAS_RESIDUAL, 3072, 768, Mr[mi]);
             bench_rows(MATMUL_LT_NONE, 768, 50304, Mr[mi]);  // the logits (wte padded to 64 rows)
-            if (gemm_rows_ln_takes(Mr[mi], 768, 768)) bench_rows_ln(Mr[mi]);
-            if (gemm_rows_stats_slices(Mr[mi], 768, 3072)) bench_rows_ln1(Mr[mi]);
         }
         return 0;
     }
