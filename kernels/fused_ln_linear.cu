@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "gemm_rows.h"
 #include "linear_kernels.cuh"
 
 extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln_gamma, const void *W, DType wtype,
@@ -14,12 +15,23 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
     if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
     if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
-    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_SKINNY) return cudaErrorInvalidValue;
+    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_ROWS) return cudaErrorInvalidValue;
     if (greedy && (qkv || ytype != DTYPE_F32 || act != ACT_NONE || !greedy->next || !greedy->best ||
                    !greedy->ticket || (uintptr_t)greedy->best % 8 ||
                    (path != LINEAR_PATH_AUTO && path != LINEAR_PATH_GEMV)))
         return cudaErrorInvalidValue;
     if (M == 0) return cudaSuccess;
+    // gemm_rows_ln wherever it takes the call: on an H200 1.1-2.0x the next best path (the GEMVs, the
+    // tiled kernel) at 1-64 rows of 768 -> 3072 and 1024 -> 4096 (docs/PERF.md, "Session 34").
+    if (path == LINEAR_PATH_AUTO && !qkv && !greedy && wtype == DTYPE_BF16 && ytype == DTYPE_BF16 && y &&
+        ldy >= N && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)ln_gamma % 16 == 0 &&
+        (uintptr_t)W % 16 == 0 && gemm_rows_ln_takes(M, N, K))
+        path = LINEAR_PATH_ROWS;
+    if (path == LINEAR_PATH_ROWS) {
+        if (qkv || wtype != DTYPE_BF16 || ytype != DTYPE_BF16 || !y || ldy < N) return cudaErrorInvalidValue;
+        return (int)gemm_rows_ln(act == ACT_GELU ? MATMUL_LT_BIAS_GELU : MATMUL_LT_BIAS, y, ldy, x, ldx, ln_gamma, W,
+                                 b_folded, M, N, K, stream);
+    }
     lin::Epilogue e = {};
     e.gelu = act == ACT_GELU;
     e.y_bf16 = ytype == DTYPE_BF16;

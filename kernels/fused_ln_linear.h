@@ -10,6 +10,10 @@
 // lnf -> logits (W = wte, b' = wte . beta, fp32 logits).
 //
 // Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
+//   bf16 W and y, plain output, M <= 64, K a multiple of 64 up to 1024, on Hopper (sm_90a build):
+//             gemm_rows_ln (gemm_rows.h), the rows normalised by each block (exact two-pass
+//             statistics of whole rows) into the tile its wgmmas read, W's tile loaded by TMA
+//             before the PDL wait; otherwise:
 //   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
 //             in shared memory as gamma (x - c), each warp takes exact two-pass statistics of whole
 //             rows (x is tiny), and the epilogue applies the formula above. bf16 with 8 < M <= 16:
@@ -64,6 +68,9 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //             later (else cudaErrorNotSupported): cluster GEMV, rows in slices of up to 64, K <= 2048
 //   SKINNY    bf16 plain linear only (linear_residual.h; with a LayerNorm cudaErrorInvalidValue): W
 //             in shared memory before the PDL wait, row tiles of up to 64
+//   ROWS      bf16 W and y, plain output, with the LayerNorm only: gemm_rows_ln (gemm_rows.h; Hopper,
+//             M <= 64, K <= 1024; else cudaErrorNotSupported), each block normalising its rows into
+//             the tile its wgmmas read
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,
@@ -72,7 +79,8 @@ typedef enum {
     LINEAR_PATH_TILED_L = 4,
     LINEAR_PATH_GEMV_TC = 5,
     LINEAR_PATH_CLUSTER = 6,
-    LINEAR_PATH_SKINNY = 7
+    LINEAR_PATH_SKINNY = 7,
+    LINEAR_PATH_ROWS = 8
 } LinearPath;
 
 // The engine's three kinds of linear op, for fused_linear_rows: a plain linear (the projections,

@@ -1,6 +1,7 @@
 // Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait, x's rows by
 // TMA after it, one wgmma warpgroup with W as the A operand, K split over a cluster's blocks where
-// the tile does not fit.
+// the tile does not fit. gemm_rows_ln: x's rows fp32, normalised by the block itself into the same
+// x tiles (LayerNorm + Linear in one kernel).
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
@@ -43,12 +44,101 @@ constexpr size_t smem_bytes(int K, int rb, int ks) {
            2 * sizeof(uint64_t);
 }
 
-// Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type.
+// Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
+// (gemm_rows_ln: fp32, the folded b' = W beta + b, or NULL).
 struct Out {
     void *y;
     long long ldy;
     const void *bias;
 };
+
+// gemm_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K].
+struct LnIn {
+    const float *x;
+    long long ldx;
+    const float *gamma;
+};
+
+// gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6 or 8: rows
+// of K <= 128 VPL, so K <= 1024).
+constexpr int LN_MAX_K = 1024;
+constexpr float LN_EPS = 1e-5f;
+constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : 8; }
+
+// ----------------------------------------------------------------------------
+// gemm_rows_ln's LayerNorm: x's RB rows into the x tiles as wgmma reads them
+//
+// Each warp takes RB / 4 rows, four at a time, whole rows in registers (one L2 round trip for the
+// four): exact two-pass statistics with shuffles, then gamma (x - mean) rstd rounded to bf16 and
+// stored under the 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as
+// zeros. beta is not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the
+// product is W (LayerNorm(x) - beta) + b' = W LayerNorm(x) + b.
+// Straight-line code, the lanes past the row masked by selects: one warp a scheduler runs this with
+// nothing to hide its latencies but the four rows' independent chains, and a branch a value (the
+// first version) cost ~3 us (docs/PERF.md, "Session 34").
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int RB, int VPL>
+__device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn &in, const float4 (&g)[VPL], int r0,
+                                              int M, int K, int warp, int lane) {
+    constexpr int RPW = RB / 4, RR = 4;  // rows a warp, rows a round
+    const int nq = K / 4;                // float4s a row
+    const float inv_k = 1.0f / K;
+    // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
+    unsigned char *lane_at = x_tiles + (lane / 16) * RB * BK * 2 + (lane & 1) * 8;
+    const int chunk = (lane % 16) / 2;
+#pragma unroll 1
+    for (int rr = 0; rr < RPW; rr += RR) {
+        float4 v[RR][VPL];
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            const int t = r0 + warp * RPW + rr + j;
+            const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
+#pragma unroll
+            for (int i = 0; i < VPL; i++)
+                v[j][i] = t < M && 32 * i + lane < nq ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        float mean[RR], rstd[RR];
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < VPL; i++) a += (v[j][i].x + v[j][i].y) + (v[j][i].z + v[j][i].w);
+            mean[j] = warp_sum(a) * inv_k;
+        }
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < VPL; i++) {
+                const float m = 32 * i + lane < nq ? mean[j] : 0.0f;  // the lanes past the row hold zeros
+                const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
+                a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+            }
+            rstd[j] = r0 + warp * RPW + rr + j < M ? rsqrtf(warp_sum(a) * inv_k + LN_EPS) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            const int t = warp * RPW + rr + j;  // the tile's row
+            unsigned char *at = lane_at + t * 128 + ((chunk ^ (t & 7)) << 4);
+            const float r = rstd[j], sh = -mean[j] * r;  // (x - mean) rstd = x rstd + sh
+#pragma unroll
+            for (int i = 0; i < VPL; i++) {
+                const float4 x = v[j][i], gi = g[i];
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(gi.x * fmaf(x.x, r, sh), gi.y * fmaf(x.y, r, sh));
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(gi.z * fmaf(x.z, r, sh), gi.w * fmaf(x.w, r, sh));
+                if (32 * i + lane < nq)
+                    *reinterpret_cast<uint2 *>(at + (size_t)i * 2 * RB * BK * 2) =
+                        make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+            }
+        }
+    }
+}
 
 // ----------------------------------------------------------------------------
 // The kernel
@@ -71,14 +161,16 @@ struct Out {
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 
-template <int RB, int EPI, int KS>
+template <int RB, int EPI, int KS, bool LN, int VPL = 1>
 __global__ void __launch_bounds__(THREADS, 1)
-    rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, Out out, int M,
-                int N, int K) {
+    rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
+                int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL;
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
+    typedef typename std::conditional<LN, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
+    static_assert(!LN || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)), "gemm_rows_ln's cases");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
     extern __shared__ unsigned char smem_raw[];
@@ -97,7 +189,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_init(w_full, 1);
         mbar_init(x_full, 1);
         mbar_fence_init();
-        tma_prefetch_map(&w_map), tma_prefetch_map(&x_map);
+        tma_prefetch_map(&w_map);
+        if (!LN) tma_prefetch_map(&x_map);
         mbar_arrive_expect_tx(w_full, slices ? per * W_SLICE : 0);  // nothing earlier in the step writes W
         if (slices) tma_load_slices(w_tiles, &w_map, s0, f0, w_full);
     }
@@ -108,14 +201,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     auto col_of = [&](int i) { return split ? f0 + kp * CW + tid % CW : fa + 8 * ((i >> 1) & 1); };
     float bias[2] = {0.0f, 0.0f};  // at col_of(0) and col_of(2) (the same column when K splits)
-    if (EPI != MATMUL_LT_NONE)
+    if (EPI != MATMUL_LT_NONE && out.bias)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            if (col_of(2 * h) < N) bias[h] = to_f32(static_cast<const YT *>(out.bias)[col_of(2 * h)]);
+            if (col_of(2 * h) < N) bias[h] = to_f32(static_cast<const BT *>(out.bias)[col_of(2 * h)]);
+    float4 gamma[VPL];  // LN: gamma at this lane's float4s of a row (a weight: before the wait)
+    if constexpr (LN)
+#pragma unroll
+        for (int i = 0; i < VPL; i++)
+            gamma[i] = 32 * i + lane < K / 4 ? reinterpret_cast<const float4 *>(ln.gamma)[32 * i + lane]
+                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
-    if (tid == 0) {
+    if constexpr (LN) {
+        stage_ln_rows<RB, VPL>(x_tiles, ln, gamma, r0, M, K, warp, lane);
+        fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
+        __syncthreads();
+    } else if (tid == 0) {
         mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
         if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
     }
@@ -133,7 +236,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     mbar_wait(w_full, 0);
     trace_mark(TRACE_PHASE + 0);  // TRACE=1 builds (kernel_trace.cuh): W has landed
-    mbar_wait(x_full, 0);
+    if (!LN) mbar_wait(x_full, 0);
     trace_mark(TRACE_PHASE + 1);  // x has landed
     for (int s = 0; s < slices; s++) {  // each slice's MMAs a group
         wgmma_slice_ss<RB>(acc, w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
@@ -182,37 +285,40 @@ __global__ void __launch_bounds__(THREADS, 1)
 // Host side: tile choice, tensor maps, launch
 
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far).
-template <int RB, int EPI, int KS> cudaError_t allow(size_t smem) {
+template <int RB, int EPI, int KS, bool LN, int VPL> cudaError_t allow(size_t smem) {
     static size_t smem_set;
     if (smem <= smem_set) return cudaSuccess;
-    const cudaError_t e =
-        cudaFuncSetAttribute(rows_kernel<RB, EPI, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) smem_set = smem;
     return e;
 }
 
-template <int RB, int EPI, int KS>
-cudaError_t launch(const Out &out, const void *x, const void *W, int M, int N, int K, cudaStream_t stream) {
-    CUtensorMap x_map, w_map;
+// x's map is for bf16 x (gemm_rows); gemm_rows_ln's x comes in ln and its map is left empty.
+template <int RB, int EPI, int KS, bool LN, int VPL = 1>
+cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W, int M, int N, int K,
+                   cudaStream_t stream) {
+    CUtensorMap x_map = {}, w_map;
     const int per = part_slices(K, KS);
-    if (!tensor_map_slices(&x_map, x, M, K, K, RB, per) || !tensor_map_slices(&w_map, W, N, K, K, BF, per))
+    if ((!LN && !tensor_map_slices(&x_map, x, M, K, K, RB, per)) || !tensor_map_slices(&w_map, W, N, K, K, BF, per))
         return cudaErrorInvalidValue;
     const size_t smem = smem_bytes(K, RB, KS);
-    const cudaError_t e = allow<RB, EPI, KS>(smem);
+    const cudaError_t e = allow<RB, EPI, KS, LN, VPL>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((N + BF - 1) / BF * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS>, grid, dim3(THREADS), smem, KS, stream, x_map, w_map, out, M,
-                              N, K);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL>, grid, dim3(THREADS), smem, KS, stream, x_map, w_map,
+                              ln, out, M, N, K);
 }
 
 template <int RB, int EPI>
 cudaError_t launch_split(int ks, const Out &out, const void *x, const void *W, int M, int N, int K,
                          cudaStream_t stream) {
+    const LnIn none = {};
     switch (ks) {
-    case 1: return launch<RB, EPI, 1>(out, x, W, M, N, K, stream);
-    case 2: return launch<RB, EPI, 2>(out, x, W, M, N, K, stream);
-    case 4: return launch<RB, EPI, 4>(out, x, W, M, N, K, stream);
-    default: return launch<RB, EPI, 8>(out, x, W, M, N, K, stream);
+    case 1: return launch<RB, EPI, 1, false>(out, x, none, W, M, N, K, stream);
+    case 2: return launch<RB, EPI, 2, false>(out, x, none, W, M, N, K, stream);
+    case 4: return launch<RB, EPI, 4, false>(out, x, none, W, M, N, K, stream);
+    default: return launch<RB, EPI, 8, false>(out, x, none, W, M, N, K, stream);
     }
 }
 
@@ -280,6 +386,25 @@ int pick_rows(int M, int N, int K) {
     return M <= 32 || fits(K, 32, 1) ? 32 : 64;
 }
 
+// gemm_rows_ln's rows a block: 16, or 32 past 16 rows (two rounds of four rows a warp).
+int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
+
+template <int EPI, int VPL>
+cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K,
+                           cudaStream_t stream) {
+    return rb == 16 ? launch<16, EPI, 1, true, VPL>(out, NULL, ln, W, M, N, K, stream)
+                    : launch<32, EPI, 1, true, VPL>(out, NULL, ln, W, M, N, K, stream);
+}
+
+template <int EPI>
+cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
+    switch (ln_vpl(K)) {
+    case 2: return launch_ln_rows<EPI, 2>(rb, out, ln, W, M, N, K, stream);
+    case 6: return launch_ln_rows<EPI, 6>(rb, out, ln, W, M, N, K, stream);
+    default: return launch_ln_rows<EPI, 8>(rb, out, ln, W, M, N, K, stream);
+    }
+}
+
 }  // namespace
 
 extern "C" int gemm_rows_available(void) {
@@ -334,4 +459,25 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
 extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
                                  const void *bias, int M, int N, int K, cudaStream_t stream) {
     return gemm_rows_ex(epilogue, y, ldy, x, W, bias, M, N, K, 0, 0, stream);
+}
+
+extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
+    return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_LN_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
+           K <= LN_MAX_K && fits(K, pick_ln_rows(M), 1);
+}
+
+extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, const float *x, long long ldx,
+                                    const float *gamma, const void *W, const float *b_folded, int M, int N, int K,
+                                    cudaStream_t stream) {
+    if (M < 0 || N <= 0 || K <= 0 || ldy < N || ldx < K || !y || !x || !gamma || !W ||
+        (epilogue != MATMUL_LT_BIAS && epilogue != MATMUL_LT_BIAS_GELU))
+        return cudaErrorInvalidValue;
+    if (!gemm_rows_ln_takes(M, N, K) || ldx % 4 || (uintptr_t)x % 16 || (uintptr_t)gamma % 16 || (uintptr_t)W % 16)
+        return cudaErrorNotSupported;
+    if (M == 0) return cudaSuccess;
+    const Out out = {y, ldy, b_folded};
+    const LnIn ln = {x, ldx, gamma};
+    const int rb = pick_ln_rows(M);
+    return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, out, ln, W, M, N, K, stream)
+                                      : launch_ln<MATMUL_LT_BIAS_GELU>(rb, out, ln, W, M, N, K, stream);
 }

@@ -63,6 +63,23 @@ cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const v
 cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
                          const void *bias, int M, int N, int K, int rb, int ks, cudaStream_t stream);
 
+// LayerNorm + Linear (+ GELU) in one kernel for a few rows (fused_ln_linear.h's function on Hopper):
+// y = epilogue(LayerNorm(x) W^T + b), each block normalising its own rows of x into the tile its
+// wgmmas read (exact two-pass statistics of whole rows, then gamma (x - mean) rstd in bf16) instead
+// of reading a LayerNorm kernel's output; the rest as gemm_rows (W's tile before the PDL wait).
+//   x         fp32 [M, K], rows ldx floats apart (16-byte aligned)
+//   gamma     fp32 [K]; beta enters through the bias:
+//   b_folded  fp32 [N] = W beta + b (ln_fold.cu's vectors, the GEMV's), or NULL (no beta, no bias)
+//   y         bf16 [M, N], rows ldy apart; epilogue MATMUL_LT_BIAS or MATMUL_LT_BIAS_GELU
+// Takes 0 <= M <= GEMM_ROWS_LN_MAX_ROWS, K a multiple of 64 up to 1024 (a lane holds eight float4s of a
+// row: GPT-2 124M's and 355M's C) whose W tile and x tiles fit whole (gemm_rows_ln_takes). Returns as
+// gemm_rows.
+#define GEMM_ROWS_LN_MAX_ROWS 64
+int gemm_rows_ln_takes(int M, int N, int K);
+cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, const float *x, long long ldx,
+                         const float *gamma, const void *W, const float *b_folded, int M, int N, int K,
+                         cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

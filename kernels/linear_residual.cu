@@ -8,7 +8,7 @@ extern "C" int linear_residual_ex(const void *x, const void *W, DType dtype, con
                                   int N, int K, LinearPath path, cudaStream_t stream) {
     if (M < 0 || N <= 0 || K <= 0 || !x || !W || !residual) return cudaErrorInvalidValue;
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16) return cudaErrorInvalidValue;
-    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_SKINNY) return cudaErrorInvalidValue;
+    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_SKINNY) return cudaErrorInvalidValue;  // no ROWS: LN only
     if (M == 0) return cudaSuccess;
     lin::Epilogue e = {};
     e.mode = lin::OUT_RESIDUAL;

@@ -276,16 +276,19 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     float *ref = fetch(b.y, (size_t)M * N, dt);
     const double tol = dt == DTYPE_F32 ? 1e-5 : 2e-2;
 
-    const LinearPath paths[] = {LINEAR_PATH_AUTO,    LINEAR_PATH_GEMV,    LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
-                                LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER};
-    const char *pname[] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc", "cluster"};
-    Timing tf[7];
-    int ran[7] = {0};
-    for (int p = 0; p < 7; p++) {
+    enum { NP = 8 };
+    const LinearPath paths[NP] = {LINEAR_PATH_AUTO,    LINEAR_PATH_GEMV,    LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
+                                  LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER,  LINEAR_PATH_ROWS};
+    const char *pname[NP] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc", "cluster", "rows"};
+    Timing tf[NP];
+    int ran[NP] = {0};
+    for (int p = 0; p < NP; p++) {
         if (paths[p] == LINEAR_PATH_GEMV_TC && (dt != DTYPE_BF16 || M > 512)) continue;
         if (paths[p] == LINEAR_PATH_CLUSTER && (dt != DTYPE_BF16 || M > 64 || !has_clusters())) continue;
+        if (paths[p] == LINEAR_PATH_ROWS && (dt != DTYPE_BF16 || !gemm_rows_ln_takes(M, N, K))) continue;
         if (paths[p] == LINEAR_PATH_GEMV && M > 64) continue;  // slices of 16 rows: pointless beyond
-        if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && paths[p] != LINEAR_PATH_CLUSTER && M < 16)
+        if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && paths[p] != LINEAR_PATH_CLUSTER &&
+            paths[p] != LINEAR_PATH_ROWS && M < 16)
             continue;
         if (paths[p] == LINEAR_PATH_TILED_XS && M > 512) continue;
         b.path = paths[p];
@@ -301,7 +304,7 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     b.gemm_only = 0;
 
     int best = -1;
-    for (int p = 1; p < 7; p++)
+    for (int p = 1; p < NP; p++)
         if (ran[p] && (best < 0 || tf[p].graph_us < tf[best].graph_us)) best = p;
     const double bytes = (double)wbytes + xbytes + (double)M * N * dtype_size(dt);
     const double flops = 2.0 * M * N * K;
@@ -318,7 +321,8 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
                ran[0] ? tf[0].graph_us / tl.graph_us : 0, bytes / tl.graph_us / 1e3, flops / tl.graph_us / 1e6);
     if (csv) {
         fprintf(csv, "ln,%s,%d,%d,%d", dtype_name(dt), K, N, M);
-        for (int p = 0; p < 7; p++) fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
+        for (int p = 0; p < NP; p++)
+            fprintf(csv, ",%s,%.3f,%.3f", pname[p], ran[p] ? tf[p].graph_us : -1, ran[p] ? tf[p].eager_us : -1);
         fprintf(csv, ",unfused,%.3f,%.3f,gemm,%.3f,%.3f,copy_gbps,%.0f,lt,%.3f,%.3f\n", tb.graph_us, tb.eager_us,
                 tg.graph_us, tg.eager_us, copy_gbps, tl.graph_us, tl.eager_us);
         fflush(csv);

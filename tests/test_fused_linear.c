@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include "fused_ln_linear.h"
+#include "gemm_rows.h"
 #include "linear_residual.h"
 
 // ----------------------------------------------------------------------------
@@ -152,6 +153,7 @@ static const char *path_name(LinearPath p) {
     case LINEAR_PATH_GEMV_TC: return "gemv_tc";
     case LINEAR_PATH_CLUSTER: return "cluster";
     case LINEAR_PATH_SKINNY: return "skinny";
+    case LINEAR_PATH_ROWS: return "rows";
     default: return "auto";
     }
 }
@@ -161,14 +163,16 @@ static int has_clusters;
 
 // How a path rounds the bf16 operand (kernels/linear_kernels.cuh, auto_path for AUTO):
 //   0 none (FMA GEMV: fp32 x times bf16 W), 1 tiled (gamma * (x - c) rounded), 2 tensor-core and
-//   cluster GEMVs (the normalised x rounded).
-static int path_rounding(LinearPath p, int M, DType wt, int K) {
+//   cluster GEMVs and gemm_rows_ln (the normalised x rounded); auto_rows: AUTO takes gemm_rows_ln.
+static int path_rounding(LinearPath p, int M, DType wt, int K, int auto_rows) {
     if (wt != DTYPE_BF16) return 0;
+    if (p == LINEAR_PATH_AUTO && auto_rows) return 2;
     if (p == LINEAR_PATH_AUTO) {
         if (has_clusters && M > 4 && M <= 32 && K <= 2048) return 2;
         p = M <= 8 ? LINEAR_PATH_GEMV : (M <= 16 && K <= 2048) ? LINEAR_PATH_GEMV_TC : M <= 16 ? LINEAR_PATH_GEMV : LINEAR_PATH_TILED_S;
     }
-    return p == LINEAR_PATH_GEMV ? 0 : (p == LINEAR_PATH_GEMV_TC || p == LINEAR_PATH_CLUSTER) ? 2 : 1;
+    if (p == LINEAR_PATH_GEMV) return 0;
+    return p == LINEAR_PATH_GEMV_TC || p == LINEAR_PATH_CLUSTER || p == LINEAR_PATH_ROWS ? 2 : 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -246,7 +250,10 @@ static void run_ln_case(const LnCase *c) {
     float *dg = dev_upload(gamma, K * 4), *ds = dev_upload(s, N * 4), *db = dev_upload(b2, N * 4);
 
     // References: exact LayerNorm (fp64 from the fp32 x) and the kernel-rounding one.
-    const int emulate = path_rounding(c->path, M, c->wt, K);
+    // AUTO takes gemm_rows_ln where it can (fused_ln_linear.cu): bf16 W and y, plain output.
+    const int auto_rows = !qkv && !c->greedy && c->wt == DTYPE_BF16 && c->yt == DTYPE_BF16 && ldx % 4 == 0 &&
+                          gemm_rows_ln_takes(M, N, K);
+    const int emulate = path_rounding(c->path, M, c->wt, K, auto_rows);
     double *ref_exact = xmalloc((size_t)M * N * sizeof(double)), *ref_kern = xmalloc((size_t)M * N * sizeof(double));
     double *xn = xmalloc(K * sizeof(double)), *a = xmalloc(K * sizeof(double));
     for (int m = 0; m < M; m++) {
@@ -457,10 +464,22 @@ static void test_bad_args(void) {
                                 LINEAR_PATH_GEMV, 0);
     int e10 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_NONE, NULL, &g,
                                  LINEAR_PATH_TILED_XS, 0);
+    // gemm_rows_ln's path: bf16 W and y, plain output, the LayerNorm ops only; K a multiple of 64 to 1024.
+    QKVDest qkv = {d, d, d, 1, 0, 2, 32, 8, NULL};
+    int e11 = fused_ln_linear_ex(d, 64, d, d, DTYPE_BF16, d, d, d, 64, DTYPE_F32, 2, 64, 64, ACT_NONE, NULL, NULL,
+                                 LINEAR_PATH_ROWS, 0);
+    int e12 = fused_ln_linear_ex(d, 64, d, d, DTYPE_BF16, d, d, NULL, 0, DTYPE_BF16, 1, 192, 64, ACT_NONE, &qkv, NULL,
+                                 LINEAR_PATH_ROWS, 0);
+    int e13 = linear_residual_ex(d, d, DTYPE_BF16, d, d, 2, 64, 64, LINEAR_PATH_ROWS, 0);
+    int e14 = fused_ln_linear_ex(d, 96, d, d, DTYPE_BF16, d, d, d, 64, DTYPE_BF16, 2, 64, 96, ACT_NONE, NULL, NULL,
+                                 LINEAR_PATH_ROWS, 0);
     CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0 &&
               e5 == cudaErrorInvalidValue && e6 == cudaErrorInvalidValue && e7 == cudaErrorInvalidValue &&
-              e8 == cudaErrorInvalidValue && e9 == cudaErrorInvalidValue && e10 == cudaErrorInvalidValue,
-          "fused linear bad arguments", "got %d %d %d %d %d %d %d %d %d %d", e1, e2, e3, e4, e5, e6, e7, e8, e9, e10);
+              e8 == cudaErrorInvalidValue && e9 == cudaErrorInvalidValue && e10 == cudaErrorInvalidValue &&
+              e11 == cudaErrorInvalidValue && e12 == cudaErrorInvalidValue && e13 == cudaErrorInvalidValue &&
+              e14 == cudaErrorNotSupported,
+          "fused linear bad arguments", "got %d %d %d %d %d %d %d %d %d %d %d %d %d %d", e1, e2, e3, e4, e5, e6, e7, e8,
+          e9, e10, e11, e12, e13, e14);
     cudaFree(d);
 }
 
@@ -580,6 +599,25 @@ int main(void) {
                               {64, 9, 5000},  {16, 768, 3072}, {8, 768, 768},   {24, 768, 768}};
     for (int si = small ? 2 : 0; si < 9; si++)
         run_res_case(sshapes[si][0], sshapes[si][1], sshapes[si][2], DTYPE_BF16, LINEAR_PATH_SKINNY, si == 1);
+    // gemm_rows_ln (Hopper): GPT-2 124M's qkv and fc at 1, 16 and 64 rows, 355M's fc (K = 1024) at
+    // 17 and 33 rows (two row blocks), a partial column block and short rows (one k slice), strided
+    // rows, offset rows and outlier channels, GELU or not.
+    if (gemm_rows_ln_takes(64, 4096, 1024)) {
+        const int wshapes[][5] = {{1, 2304, 768, ACT_NONE, DATA_OUTLIER}, {16, 3072, 768, ACT_GELU, DATA_OFFSET},
+                                  {64, 2304, 768, ACT_NONE, DATA_NORMAL}, {64, 3072, 768, ACT_GELU, DATA_OUTLIER},
+                                  {17, 4096, 1024, ACT_GELU, DATA_NORMAL}, {33, 4096, 1024, ACT_NONE, DATA_OFFSET},
+                                  {3, 100, 64, ACT_GELU, DATA_NORMAL},     {40, 130, 128, ACT_NONE, DATA_OUTLIER}};
+        for (int si = small ? 4 : 0; si < 8; si++)
+            for (int strided = 0; strided < 2; strided++) {
+                LnCase c = {0};
+                c.M = wshapes[si][0], c.N = wshapes[si][1], c.K = wshapes[si][2], c.act = (Activation)wshapes[si][3];
+                c.wt = DTYPE_BF16, c.yt = DTYPE_BF16, c.data = wshapes[si][4], c.path = LINEAR_PATH_ROWS;
+                if (strided) c.ldx = 3 * c.K, c.ldy = c.N + 8;
+                run_ln_case(&c);
+            }
+    } else {
+        test_skip("fused linear, rows path", "gemm_rows_ln needs an sm_90 device and an sm_90a build");
+    }
     test_bad_args();
     return test_exit_code();
 }
