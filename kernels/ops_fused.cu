@@ -56,9 +56,9 @@
 // The most rows the fused linear kernels take for a product of M x K -> N; more go through the
 // many-row route (the LayerNorm kernel where there is one, then gemm_rows or cuBLASLt:
 // many_rows_product below).
-// bf16 where gemm_rows takes the product (Hopper): 0 for the projections (gemm_rows at every row
-// count), 1 for qkv and fc (the LayerNorm kernel, then gemm_rows, from 2 rows) and for the logits
-// where logits_rows takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it
+// bf16 where gemm_rows takes the product (Hopper): 0 for the projections, qkv and fc (gemm_rows at
+// every row count, after the LayerNorm kernel for qkv and fc), 1 for the logits where logits_rows
+// takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it
 // (the skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
 // Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
 //   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
@@ -68,7 +68,9 @@
 //     with the LayerNorms in the projections' epilogues instead of kernels, B=1 -4%, B=2 +9%,
 //     B=4 +17%, B=8 +15%, B=16 +14% ("Session 23"); since the LayerNorm kernel loads its weights
 //     before its wait ("Session 32"), the kernel from 2 rows against those epilogues: B=2 +6.5%,
-//     B=4 +7.6%, B=8 +4.6%, B=16 +1.5%, B=24 +2%, B=128 +11% ("Session 33");
+//     B=4 +7.6%, B=8 +4.6%, B=16 +1.5%, B=24 +2%, B=128 +11% ("Session 33"), and at one row against
+//     the cluster GEMV +4.3% ("Session 34"); gemm_rows_ln, the LayerNorm inside the product, lost to
+//     the kernel at every batch in this chain (B=1 -7%, B=64 -15%, "Session 34");
 //   - before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm + cuBLASLt: B=8
 //     18,040 vs 15,271, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64 95,609 vs 117,261
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
@@ -85,11 +87,13 @@
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
 // crossover).
-// The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV. The LayerNorm epilogues of
-// sessions 22-24 (ln2 in the attention projection, ln1 folded into qkv from the MLP projection's
-// statistics, lnf into the logits) replaced the LayerNorm kernel there until it loaded its weights
-// before its wait; then they lost at every row count (docs/PERF.md, "Session 33"), and went.
-enum { GEMM_ROWS_FROM = 2 };
+// The fewest rows gemm_rows takes qkv and fc over from the cluster GEMV: every row count. The
+// LayerNorm epilogues of sessions 22-24 (ln2 in the attention projection, ln1 folded into qkv from
+// the MLP projection's statistics, lnf into the logits) replaced the LayerNorm kernel there until it
+// loaded its weights before its wait; then they lost at every row count (docs/PERF.md, "Session 33"),
+// and went. Without them the LayerNorm kernel and gemm_rows beat the cluster GEMV at one row too
+// (B = 1 +4.3%, "Session 34").
+enum { GEMM_ROWS_FROM = 1 };
 // The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
 // reads wte as fast, and runs no LayerNorm kernel).
 enum { LOGITS_ROWS_FROM = 2 };
