@@ -77,12 +77,6 @@ constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : 8; }
 // nothing to hide its latencies but the four rows' independent chains, and a branch a value (the
 // first version) cost ~3 us (docs/PERF.md, "Session 34").
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <int RB, int VPL>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn &in, const float4 (&g)[VPL], int r0,
                                               int M, int K, int warp, int lane) {
