@@ -64,23 +64,28 @@ struct LnIn {
 constexpr int LN_MAX_K = 1024;
 constexpr float LN_EPS = 1e-5f;
 constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : 8; }
+constexpr int LN_THREADS = 2 * THREADS;  // gemm_rows_ln's block: two warpgroups stage, the first multiplies
+constexpr int LN_WARPS = LN_THREADS / 32;
 
 // ----------------------------------------------------------------------------
 // gemm_rows_ln's LayerNorm: x's RB rows into the x tiles as wgmma reads them
 //
-// Each warp takes RB / 4 rows, four at a time, whole rows in registers (one L2 round trip for the
-// four): exact two-pass statistics with shuffles, then gamma (x - mean) rstd rounded to bf16 and
-// stored under the 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as
-// zeros. beta is not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the
-// product is W (LayerNorm(x) - beta) + b' = W LayerNorm(x) + b.
-// Straight-line code, the lanes past the row masked by selects: one warp a scheduler runs this with
-// nothing to hide its latencies but the four rows' independent chains, and a branch a value (the
-// first version) cost ~3 us (docs/PERF.md, "Session 34").
+// The block's two warpgroups stage (LN_THREADS: the second one only stages, then leaves the MMAs to
+// the first). Each of the 8 warps takes RB / 8 rows, up to four at a time, whole rows in registers
+// (one L2 round trip for the four): exact two-pass statistics with shuffles, then
+// gamma (x - mean) rstd rounded to bf16 and stored under the 128-byte swizzle (16-byte chunk c of
+// row t at chunk c ^ (t % 8)), rows past M as zeros. beta is not applied: it is in the bias
+// (b' = W beta + b, ln_fold.cu's vectors), so the product is W (LayerNorm(x) - beta) + b' =
+// W LayerNorm(x) + b.
+// Straight-line code, the lanes past the row masked by selects: a warp runs this with little to
+// hide its latencies but its rows' independent chains and the scheduler's other warp; a branch a
+// value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
+// more than 16 rows in one (docs/PERF.md, "Session 34").
 
 template <int RB, int VPL>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn &in, const float4 (&g)[VPL], int r0,
                                               int M, int K, int warp, int lane) {
-    constexpr int RPW = RB / 4, RR = 4;  // rows a warp, rows a round
+    constexpr int RPW = RB / LN_WARPS, RR = RPW < 4 ? RPW : 4;  // rows a warp, rows a round
     const int nq = K / 4;                // float4s a row
     const float inv_k = 1.0f / K;
     // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
@@ -156,7 +161,7 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 
 template <int RB, int EPI, int KS, bool LN, int VPL = 1>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
                 int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
@@ -212,6 +217,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         stage_ln_rows<RB, VPL>(x_tiles, ln, gamma, r0, M, K, warp, lane);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
+        if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if (tid == 0) {
         mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
         if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
@@ -300,8 +306,8 @@ cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W,
     const cudaError_t e = allow<RB, EPI, KS, LN, VPL>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((N + BF - 1) / BF * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL>, grid, dim3(THREADS), smem, KS, stream, x_map, w_map,
-                              ln, out, M, N, K);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL>, grid, dim3(LN ? LN_THREADS : THREADS), smem, KS,
+                              stream, x_map, w_map, ln, out, M, N, K);
 }
 
 template <int RB, int EPI>
@@ -380,7 +386,7 @@ int pick_rows(int M, int N, int K) {
     return M <= 32 || fits(K, 32, 1) ? 32 : 64;
 }
 
-// gemm_rows_ln's rows a block: 16, or 32 past 16 rows (two rounds of four rows a warp).
+// gemm_rows_ln's rows a block: 16, or 32 past 16 rows (four rows a warp of the two warpgroups).
 int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
 
 template <int EPI, int VPL>
