@@ -41,6 +41,9 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
                 "r"(v.w)
                 : "memory");
 }
+__device__ __forceinline__ void st_cluster(uint32_t addr, uint2 v) {
+    CLUSTER_ASM("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
+}
 __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
@@ -48,10 +51,11 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, float2 v) {
     CLUSTER_ASM("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
 }
 
-// Host side: true when the device can hold at least one cluster of `blocks` blocks of `kernel` at
-// once (`threads` a block, `smem` bytes of dynamic shared memory each): a cluster's blocks share one
-// GPC. The kernel's attributes (its shared memory, non-portable cluster sizes) are set first.
-static inline bool cluster_fits(const void *kernel, int blocks, int threads, size_t smem) {
+// Host side: how many clusters of `blocks` blocks of `kernel` the device holds at once (`threads` a
+// block, `smem` bytes of dynamic shared memory each; a cluster's blocks share one GPC), 0 when none
+// or the device cannot say. The kernel's attributes (its shared memory, non-portable cluster sizes)
+// are set first.
+static inline int max_active_clusters(const void *kernel, int blocks, int threads, size_t smem) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = blocks;
@@ -63,9 +67,14 @@ static inline bool cluster_fits(const void *kernel, int blocks, int threads, siz
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) return true;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) return clusters;
     cudaGetLastError();
-    return false;
+    return 0;
+}
+
+// True when the device can hold at least one such cluster.
+static inline bool cluster_fits(const void *kernel, int blocks, int threads, size_t smem) {
+    return max_active_clusters(kernel, blocks, threads, smem) > 0;
 }
 
 __device__ __forceinline__ float ld_cluster(uint32_t addr) {

@@ -1,7 +1,7 @@
 // Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait, x's rows by
 // TMA after it, one wgmma warpgroup with W as the A operand, K split over a cluster's blocks where
-// the tile does not fit. gemm_rows_ln: x's rows fp32, normalised by the block itself into the same
-// x tiles (LayerNorm + Linear in one kernel).
+// the tile does not fit. gemm_rows_ln: x's rows fp32, normalised by the blocks themselves into the
+// same x tiles (LayerNorm + Linear in one kernel), shared over a cluster along the columns.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
@@ -71,8 +71,10 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 // gemm_rows_ln's LayerNorm: x's RB rows into the x tiles as wgmma reads them
 //
 // The block's two warpgroups stage (LN_THREADS: the second one only stages, then leaves the MMAs to
-// the first). Each of the 8 warps takes RB / 8 rows, up to four at a time, whole rows in registers
-// (one L2 round trip for the four): exact two-pass statistics with shuffles, then
+// the first). In a cluster of CN blocks along the columns (the same rows, CN column tiles) block q
+// stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles (distributed shared
+// memory). Each of the 8 warps takes RB / CN / 8 rows (at least one), up to four at a time, whole
+// rows in registers (one L2 round trip for the four): exact two-pass statistics with shuffles, then
 // gamma (x - mean) rstd rounded to bf16 and stored under the 128-byte swizzle (16-byte chunk c of
 // row t at chunk c ^ (t % 8)), rows past M as zeros. beta is not applied: it is in the bias
 // (b' = W beta + b, ln_fold.cu's vectors), so the product is W (LayerNorm(x) - beta) + b' =
@@ -82,10 +84,15 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 // value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
 // more than 16 rows in one (docs/PERF.md, "Session 34").
 
-template <int RB, int VPL>
+template <int RB, int VPL, int CN>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn &in, const float4 (&g)[VPL], int r0,
-                                              int M, int K, int warp, int lane) {
-    constexpr int RPW = RB / LN_WARPS, RR = RPW < 4 ? RPW : 4;  // rows a warp, rows a round
+                                              int M, int K, int rank, int warp, int lane) {
+    constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
+    constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
+    if (warp * RPW >= RBB) return;
+    uint32_t tile_in[CN];  // CN > 1: x_tiles in each block of the cluster (shared::cluster addresses)
+#pragma unroll
+    for (int q = 0; q < CN; q++) tile_in[q] = CN > 1 ? cluster_map(x_tiles, q) : 0;
     const int nq = K / 4;                // float4s a row
     const float inv_k = 1.0f / K;
     // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
@@ -96,7 +103,7 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
         float4 v[RR][VPL];
 #pragma unroll
         for (int j = 0; j < RR; j++) {
-            const int t = r0 + warp * RPW + rr + j;
+            const int t = r0 + rank * RBB + warp * RPW + rr + j;
             const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
 #pragma unroll
             for (int i = 0; i < VPL; i++)
@@ -119,11 +126,11 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
                 const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
                 a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
             }
-            rstd[j] = r0 + warp * RPW + rr + j < M ? rsqrtf(warp_sum(a) * inv_k + LN_EPS) : 0.0f;
+            rstd[j] = r0 + rank * RBB + warp * RPW + rr + j < M ? rsqrtf(warp_sum(a) * inv_k + LN_EPS) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < RR; j++) {
-            const int t = warp * RPW + rr + j;  // the tile's row
+            const int t = rank * RBB + warp * RPW + rr + j;  // the tile's row
             unsigned char *at = lane_at + t * 128 + ((chunk ^ (t & 7)) << 4);
             const float r = rstd[j], sh = -mean[j] * r;  // (x - mean) rstd = x rstd + sh
 #pragma unroll
@@ -131,9 +138,15 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
                 const float4 x = v[j][i], gi = g[i];
                 const __nv_bfloat162 lo = __floats2bfloat162_rn(gi.x * fmaf(x.x, r, sh), gi.y * fmaf(x.y, r, sh));
                 const __nv_bfloat162 hi = __floats2bfloat162_rn(gi.z * fmaf(x.z, r, sh), gi.w * fmaf(x.w, r, sh));
-                if (32 * i + lane < nq)
-                    *reinterpret_cast<uint2 *>(at + (size_t)i * 2 * RB * BK * 2) =
-                        make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+                const uint2 v2 =
+                    make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+                unsigned char *to = at + (size_t)i * 2 * RB * BK * 2;
+                if (32 * i + lane < nq) {
+                    if constexpr (CN == 1) *reinterpret_cast<uint2 *>(to) = v2;
+                    else
+#pragma unroll
+                        for (int q = 0; q < CN; q++) st_cluster(tile_in[q] + (uint32_t)(to - x_tiles), v2);
+                }
             }
         }
     }
@@ -160,7 +173,7 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 
-template <int RB, int EPI, int KS, bool LN, int VPL = 1>
+template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
 __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
                 int M, int N, int K) {
@@ -170,6 +183,7 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     typedef typename std::conditional<LN, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
     static_assert(!LN || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)), "gemm_rows_ln's cases");
+    static_assert(CN == 1 || LN, "a cluster along the columns shares gemm_rows_ln's staging only");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
     extern __shared__ unsigned char smem_raw[];
@@ -183,7 +197,7 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
     pdl_launch_dependents();
-    if constexpr (split) cluster_arrive_relaxed();  // "started": before any block stores into another
+    if constexpr (split || CN > 1) cluster_arrive_relaxed();  // "started": before any block stores into another
     if (tid == 0) {  // a box is `per` slices from s0, those past K read as zeros (and counted)
         mbar_init(w_full, 1);
         mbar_init(x_full, 1);
@@ -213,11 +227,19 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
-    if constexpr (LN) {
-        stage_ln_rows<RB, VPL>(x_tiles, ln, gamma, r0, M, K, warp, lane);
+    if constexpr (LN && CN == 1) {
+        stage_ln_rows<RB, VPL, 1>(x_tiles, ln, gamma, r0, M, K, 0, warp, lane);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
         if (warp >= THREADS / 32) return;  // the second warpgroup only stages
+    } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
+        cluster_wait();         // every block has started
+        stage_ln_rows<RB, VPL, CN>(x_tiles, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane);
+        fence_proxy_async_cluster();
+        cluster_arrive();  // release: the rows are in every block's tile after the wait
+        if (warp >= THREADS / 32) return;
+        cluster_wait();
+        fence_proxy_async_smem();
     } else if (tid == 0) {
         mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
         if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
@@ -285,17 +307,17 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
 // Host side: tile choice, tensor maps, launch
 
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far).
-template <int RB, int EPI, int KS, bool LN, int VPL> cudaError_t allow(size_t smem) {
+template <int RB, int EPI, int KS, bool LN, int VPL, int CN> cudaError_t allow(size_t smem) {
     static size_t smem_set;
     if (smem <= smem_set) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL>,
+    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL, CN>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) smem_set = smem;
     return e;
 }
 
 // x's map is for bf16 x (gemm_rows); gemm_rows_ln's x comes in ln and its map is left empty.
-template <int RB, int EPI, int KS, bool LN, int VPL = 1>
+template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
 cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W, int M, int N, int K,
                    cudaStream_t stream) {
     CUtensorMap x_map = {}, w_map;
@@ -303,11 +325,11 @@ cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W,
     if ((!LN && !tensor_map_slices(&x_map, x, M, K, K, RB, per)) || !tensor_map_slices(&w_map, W, N, K, K, BF, per))
         return cudaErrorInvalidValue;
     const size_t smem = smem_bytes(K, RB, KS);
-    const cudaError_t e = allow<RB, EPI, KS, LN, VPL>(smem);
+    const cudaError_t e = allow<RB, EPI, KS, LN, VPL, CN>(smem);
     if (e != cudaSuccess) return e;
-    const dim3 grid((N + BF - 1) / BF * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL>, grid, dim3(LN ? LN_THREADS : THREADS), smem, KS,
-                              stream, x_map, w_map, ln, out, M, N, K);
+    const dim3 grid(((N + BF - 1) / BF + CN - 1) / CN * CN * KS, (M + RB - 1) / RB);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL, CN>, grid, dim3(LN ? LN_THREADS : THREADS), smem,
+                              KS * CN, stream, x_map, w_map, ln, out, M, N, K);
 }
 
 template <int RB, int EPI>
@@ -389,11 +411,49 @@ int pick_rows(int M, int N, int K) {
 // gemm_rows_ln's rows a block: 16, or 32 past 16 rows (four rows a warp of the two warpgroups).
 int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
 
+// gemm_rows_ln's cluster along the columns: CN blocks side by side, each normalising RB / CN of the
+// rows into all CN blocks' x tiles, so that each row is read from L2 and normalised once per CN
+// column blocks (fp32 rows: at 64 rows of K = 768 the 96 blocks of one block a cluster read 9.4 MB
+// of them). CN = 4 where the grid's clusters of 4 all fit on the device at once, else 2 where those
+// do, else 1; and 1 at one row, and at 2-16 rows of K <= 768, where the cluster's barriers cost more
+// than the reads save. On an H200, 768 -> 3072 at 32 / 64 rows 5.77 / 6.57 us -> 5.29 / 5.84, and
+// 1024 -> 4096 at 8 / 16 / 64 rows 4.66 / 5.20 / 8.61 -> 4.31 / 4.58 / 7.99 (two a cluster: four
+// do not fit); at one row 2.92 -> 3.14 with two (docs/PERF.md, "Session 35").
+// GPT2_LN_CLUSTER=1|2|4 forces one where it fits.
+bool ln_cluster_pays(int M, int K) { return M > 1 && (M > 16 || K > 768); }
+
+template <int RB, int EPI, int VPL, int CN>
+bool ln_clusters_fit(int M, int N, int K) {
+    if (CN == 1) return true;
+    const size_t smem = smem_bytes(K, RB, 1);
+    if (allow<RB, EPI, 1, true, VPL, CN>(smem) != cudaSuccess) return false;
+    static size_t asked_smem;
+    static int clusters;
+    if (asked_smem != smem) {
+        clusters = max_active_clusters(reinterpret_cast<const void *>(rows_kernel<RB, EPI, 1, true, VPL, CN>), CN,
+                                       LN_THREADS, smem);
+        asked_smem = smem;
+    }
+    return (long long)((N + BF - 1) / BF + CN - 1) / CN * ((M + RB - 1) / RB) <= clusters;
+}
+
+template <int EPI, int VPL, int RB>
+cudaError_t launch_ln_cn(const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
+    static int forced = -1;
+    const int cn = env_knob("GPT2_LN_CLUSTER", &forced);
+    const bool any = cn == 0 && ln_cluster_pays(M, K);
+    if ((cn == 4 || any) && ln_clusters_fit<RB, EPI, VPL, 4>(M, N, K))
+        return launch<RB, EPI, 1, true, VPL, 4>(out, NULL, ln, W, M, N, K, stream);
+    if ((cn == 2 || any) && ln_clusters_fit<RB, EPI, VPL, 2>(M, N, K))
+        return launch<RB, EPI, 1, true, VPL, 2>(out, NULL, ln, W, M, N, K, stream);
+    return launch<RB, EPI, 1, true, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
+}
+
 template <int EPI, int VPL>
 cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K,
                            cudaStream_t stream) {
-    return rb == 16 ? launch<16, EPI, 1, true, VPL>(out, NULL, ln, W, M, N, K, stream)
-                    : launch<32, EPI, 1, true, VPL>(out, NULL, ln, W, M, N, K, stream);
+    return rb == 16 ? launch_ln_cn<EPI, VPL, 16>(out, ln, W, M, N, K, stream)
+                    : launch_ln_cn<EPI, VPL, 32>(out, ln, W, M, N, K, stream);
 }
 
 template <int EPI>
