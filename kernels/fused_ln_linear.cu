@@ -15,7 +15,7 @@ extern "C" int fused_ln_linear_ex(const float *x, long long ldx, const float *ln
     if (M < 0 || N <= 0 || K <= 0 || ldx < K || !x || !ln_gamma || !W || !s) return cudaErrorInvalidValue;
     if (wtype != DTYPE_F32 && wtype != DTYPE_BF16) return cudaErrorInvalidValue;
     if (ytype != DTYPE_F32 && ytype != DTYPE_BF16) return cudaErrorInvalidValue;
-    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_ROWS) return cudaErrorInvalidValue;
+    if (path < LINEAR_PATH_AUTO || path > LINEAR_PATH_ROWS_F32) return cudaErrorInvalidValue;
     if (greedy && (qkv || ytype != DTYPE_F32 || act != ACT_NONE || !greedy->next || !greedy->best ||
                    !greedy->ticket || (uintptr_t)greedy->best % 8 ||
                    (path != LINEAR_PATH_AUTO && path != LINEAR_PATH_GEMV)))

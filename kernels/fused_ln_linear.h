@@ -71,6 +71,9 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //   ROWS      bf16 W and y, plain output, with the LayerNorm only: gemm_rows_ln (gemm_rows.h; Hopper,
 //             M <= 64, K <= 1024; else cudaErrorNotSupported), each block normalising its rows into
 //             the tile its wgmmas read
+//   ROWS_F32  fp32 W with the LayerNorm only: 32 columns of W a block in shared memory before the PDL
+//             wait, x's rows in chunks, FFMA (K a multiple of 4 whose block fits, 16-byte aligned x,
+//             W and gamma; else cudaErrorInvalidValue), rows in slices of up to 64
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,
@@ -80,7 +83,8 @@ typedef enum {
     LINEAR_PATH_GEMV_TC = 5,
     LINEAR_PATH_CLUSTER = 6,
     LINEAR_PATH_SKINNY = 7,
-    LINEAR_PATH_ROWS = 8
+    LINEAR_PATH_ROWS = 8,
+    LINEAR_PATH_ROWS_F32 = 9
 } LinearPath;
 
 // The engine's three kinds of linear op, for fused_linear_rows: a plain linear (the projections,

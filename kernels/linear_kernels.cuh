@@ -7,7 +7,7 @@
 // where v = acc + b[n] (plain linear), or v = rstd (acc - dmean s[n]) + b'[n] (LayerNorm folded,
 // docs/DESIGN.md; dmean and acc taken around a per-row shift, see "Numerics" in fused_ln_linear.h).
 //
-// Six kernels, picked by the launchers by M and dtype (auto_path, at the end):
+// Seven kernels, picked by the launchers by M and dtype (auto_path, at the end):
 //   gemv_kernel     M <= 16 (decode). Each block stages its rows of x in shared memory once
 //                   (with LN shifted and scaled by gamma there; each warp takes exact two-pass
 //                   statistics of whole rows with shuffles, and the epilogue applies the folded
@@ -25,6 +25,8 @@
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
 //                   shared memory before the MMAs.
+//   rows_f32_kernel fp32 with LN, 16 <= M <= 64: a block's 32 columns of W in shared memory before
+//                   the PDL wait, x's rows streamed in chunks with exact chunked statistics, FFMA.
 //   simt_kernel     fp32, larger M: register-tiled FFMA (no TF32: the fp32 path must match fp32
 //                   references to 1e-5), same LN handling as tc_kernel.
 // Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear", "Session 4"
@@ -1464,6 +1466,201 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 }
 
 // ----------------------------------------------------------------------------
+// fp32 rows kernel: LayerNorm + Linear (+ GELU) for a few rows of fp32 W, exact fp32 FFMA.
+//
+// At 16-64 rows of fp32 the FMA GEMV reads x from shared memory once per W row it multiplies
+// (shared-memory bound: 12.95 us at 16 rows of 768 -> 3072 on an H200), the 32 x 64 tiles leave
+// a third of the SMs idle and wait on every K step (33 us at 64 rows), and cuBLAS's SGEMM alone
+// takes 13.9-21 us. This kernel: 12.0 / 16.0 / 27.1 us at 16 / 32 / 64 rows (docs/PERF.md,
+// "Session 35", with what limits it: 8 warps an SM, each ~4.7 cycles an instruction). Here:
+//   - a block owns RF_BN = 32 output columns and all of K: its W slice (32 x K fp32, 96 KB at
+//     K = 768) arrives by cp.async before the PDL wait, with gamma;
+//   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of 128 / MT x 2 slots
+//     (all of K at up to 16 rows, the next chunk at 64), issued as slots free up: one L2 round
+//     trip a chunk, waited for one by one, left 16 rows at 12.2 us. Each chunk is shifted by c
+//     (the mean of the row's first chunk), its
+//     statistics taken exactly (two passes over the chunk in registers) and merged into the row's
+//     running ones (Chan's formula), and replaced in place by gamma (x - c);
+//   - each warp takes 16 k of every chunk against the whole MT x 32 tile: lane (rg, cg) = (lane / 4,
+//     lane % 4) holds rows rg + 8 i and columns cg + 4 j, interleaved so that a quarter warp's
+//     16-byte reads hit distinct banks (rows padded to 4 mod 32 floats). At the end the 8 warps'
+//     partial tiles meet in shared memory, summed in warp order (the same bits every run).
+// The statistics stay exact where one-pass sums fail: a chunk's variance is taken around its own
+// mean, and the product runs on x - c with c within a few deviations of the row's mean.
+
+constexpr int RF_BN = 32;                  // output columns a block
+constexpr int RF_KC = 128;                 // k a chunk of x
+constexpr int RF_THREADS = 256;
+constexpr int RF_WARPS = RF_THREADS / 32;
+constexpr int RF_XS = RF_KC + 4;           // a chunk row in shared memory: 4 mod 32 floats
+constexpr int RF_RING_ROWS = 128;          // the ring of x chunks: RF_RING_ROWS / MT slots of MT rows
+constexpr int RF_MAX_ROWS = 64;            // rows a launch (more run as slices)
+constexpr int RF_FROM = 16;                // AUTO's fewest rows for it: below, the FMA GEMV is faster
+
+// W's row stride in shared memory: K rounded up to 4 mod 32 floats (no bank conflicts between the
+// four column groups of a quarter warp).
+__host__ __device__ constexpr int rf_ws(int K) { return K + ((4 - K % 32) + 32) % 32; }
+
+// Shared memory of a block, bytes: W [RF_BN][rf_ws(K)], the ring of x chunks [slots][mt][RF_XS] (the
+// warps' partial tiles [RF_WARPS][mt][RF_BN + 1] reuse it), gamma [K rounded to a chunk], statistics
+// [2][mt].
+__host__ __device__ constexpr long long rf_smem_bytes(int mt, int K) {
+    return 4LL * ((long long)RF_BN * rf_ws(K) + RF_RING_ROWS * RF_XS + (K + RF_KC - 1) / RF_KC * RF_KC + 2 * mt);
+}
+
+template <int MT>
+__global__ void __launch_bounds__(RF_THREADS, 1)
+rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restrict__ gamma,
+                const float *__restrict__ W, int m0, int M, int N, int K, Epilogue e) {
+    constexpr int TM = MT / 8, TN = RF_BN / 4;      // a lane's rows and columns
+    constexpr int TPR = RF_THREADS / MT;            // threads a row in the chunk pass
+    constexpr int FPT = RF_KC / 4 / TPR;            // float4s a thread of a chunk row
+    constexpr int NB = RF_RING_ROWS / MT;           // the ring's slots
+    static_assert(NB >= 2 && RF_WARPS * MT * (RF_BN + 1) <= NB * MT * RF_XS, "the partial tiles fit in the ring");
+    extern __shared__ __align__(16) float rf_smem[];
+    const int ws = rf_ws(K), nch = (K + RF_KC - 1) / RF_KC;
+    float *Ws = rf_smem;                              // [RF_BN][ws]
+    float *xs = Ws + RF_BN * ws;                      // [NB][MT][RF_XS]
+    float *gs = xs + NB * MT * RF_XS;                 // [nch * RF_KC], zero past K
+    float *stats = gs + nch * RF_KC;                  // dmean [MT], rstd [MT]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n0 = blockIdx.x * RF_BN, rows = min(MT, M - m0);
+
+    TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
+    pdl_launch_dependents();
+    // Weights before the wait: W's 32 rows (zero past N), gamma (zero past K), and the s_n of the
+    // column this thread finishes.
+    for (int r = warp; r < RF_BN; r += RF_WARPS) {
+        const bool ok = n0 + r < N;
+        for (int k = 4 * lane; k < K; k += 128)
+            cp_async16(Ws + r * ws + k, ok ? W + (size_t)(n0 + r) * K + k : W, ok ? 16 : 0);
+    }
+    for (int k = 4 * tid; k < nch * RF_KC; k += 4 * RF_THREADS)
+        cp_async16(gs + k, k < K ? gamma + k : gamma, k < K ? 16 : 0);
+    cp_async_commit();
+    const int fin_n = tid % RF_BN, fin_m = tid / RF_BN;  // the epilogue: column fin_n, rows fin_m + 8 i
+    const float s_n = n0 + fin_n < N ? __ldg(e.s + n0 + fin_n) : 0.0f;
+    pdl_wait();
+
+    auto load_chunk = [&](int c) {  // one commit group, empty past K
+        float *dst = xs + (c % NB) * MT * RF_XS;
+        for (int q = tid; c < nch && q < MT * (RF_KC / 4); q += RF_THREADS) {
+            const int r = q / (RF_KC / 4), k = c * RF_KC + 4 * (q % (RF_KC / 4));
+            const bool ok = r < rows && k < K;
+            cp_async16(dst + r * RF_XS + k - c * RF_KC, ok ? x + (size_t)(m0 + r) * ldx + k : x, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+#pragma unroll 1
+    for (int c = 0; c < NB; c++) load_chunk(c);
+
+    // The chunk pass: row pr = tid / TPR, its float4s pp + TPR f (f < FPT); the row's TPR threads are
+    // consecutive lanes and keep the same running statistics (n, mean of x - c, M2).
+    const int pr = tid / TPR, pp = tid % TPR;
+    float shift = 0.0f, run_n = 0.0f, run_mean = 0.0f, run_m2 = 0.0f;
+    auto group_sum = [](float v) {
+#pragma unroll
+        for (int o = 1; o < TPR; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        return v;
+    };
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
+    const int rg = lane / 4, cg = lane % 4;
+
+    for (int c = 0; c < nch; c++) {
+        // Chunks up to c + NB - 2 are committed (the first NB, then one an iteration): chunk c (and W)
+        // has landed when at most NB - 2 groups are pending.
+        cp_async_wait<NB - 2>();
+        __syncthreads();  // chunk c landed for all; every warp is done with chunk c - 1's slot
+        if (c > 0) load_chunk(c + NB - 1);
+        float *xc = xs + (c % NB) * MT * RF_XS;
+        {
+            const int k0 = c * RF_KC, nb = min(RF_KC, K - k0);
+            float4 v[FPT];
+#pragma unroll
+            for (int f = 0; f < FPT; f++)
+                v[f] = *reinterpret_cast<const float4 *>(xc + pr * RF_XS + 4 * (pp + TPR * f));
+            if (c == 0) {  // the shift: the mean of the row's first chunk (zeros past K add nothing)
+                float a = 0.0f;
+#pragma unroll
+                for (int f = 0; f < FPT; f++) a += (v[f].x + v[f].y) + (v[f].z + v[f].w);
+                shift = group_sum(a) / nb;
+            }
+            float d[FPT][4], a = 0.0f;
+#pragma unroll
+            for (int f = 0; f < FPT; f++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const bool in = 4 * (pp + TPR * f) + q < nb;
+                    d[f][q] = in ? (&v[f].x)[q] - shift : 0.0f;
+                    a += d[f][q];
+                }
+            const float cmean = group_sum(a) / nb;
+            float m2 = 0.0f;
+#pragma unroll
+            for (int f = 0; f < FPT; f++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float t = 4 * (pp + TPR * f) + q < nb ? d[f][q] - cmean : 0.0f;
+                    m2 = fmaf(t, t, m2);
+                }
+            m2 = group_sum(m2);
+            const float nn = run_n + nb, delta = cmean - run_mean;  // Chan's merge
+            run_mean += delta * (nb / nn);
+            run_m2 += m2 + delta * delta * (run_n * nb / nn);
+            run_n = nn;
+#pragma unroll
+            for (int f = 0; f < FPT; f++) {
+                const int k = 4 * (pp + TPR * f);
+                const float4 g = *reinterpret_cast<const float4 *>(gs + k0 + k);
+                *reinterpret_cast<float4 *>(xc + pr * RF_XS + k) =
+                    make_float4(g.x * d[f][0], g.y * d[f][1], g.z * d[f][2], g.w * d[f][3]);
+            }
+        }
+        __syncthreads();  // the chunk is gamma (x - c)
+        const float *wc = Ws + c * RF_KC + 16 * warp;
+        const float *xw = xc + 16 * warp;
+#pragma unroll
+        for (int kk = 0; kk < 16; kk += 4) {
+            float4 xv[TM], wv[TN];
+#pragma unroll
+            for (int i = 0; i < TM; i++) xv[i] = *reinterpret_cast<const float4 *>(xw + (rg + 8 * i) * RF_XS + kk);
+#pragma unroll
+            for (int j = 0; j < TN; j++) wv[j] = *reinterpret_cast<const float4 *>(wc + (cg + 4 * j) * ws + kk);
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) {
+                    acc[i][j] = fmaf(xv[i].x, wv[j].x, acc[i][j]);
+                    acc[i][j] = fmaf(xv[i].y, wv[j].y, acc[i][j]);
+                    acc[i][j] = fmaf(xv[i].z, wv[j].z, acc[i][j]);
+                    acc[i][j] = fmaf(xv[i].w, wv[j].w, acc[i][j]);
+                }
+        }
+    }
+    if (pp == 0) stats[pr] = run_mean, stats[MT + pr] = 1.0f / sqrtf(run_m2 / K + LN_EPS);
+    __syncthreads();  // every warp is done with the chunks: their space takes the partial tiles
+    float *part = xs;  // [RF_WARPS][MT][RF_BN + 1]
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) part[(warp * MT + rg + 8 * i) * (RF_BN + 1) + cg + 4 * j] = acc[i][j];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        const int m = fin_m + 8 * i, n = n0 + fin_n;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < RF_WARPS; w++) v += part[(w * MT + m) * (RF_BN + 1) + fin_n];
+        if (m < rows && n < N) epi_store(e, m0 + m, n, stats[MT + m] * (v - stats[m] * s_n));
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Host side: device facts cached per device, and the dynamic shared memory opt-in.
 
 struct DeviceInfo {
@@ -1522,13 +1719,15 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 namespace lin {
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
-// bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
+// fp32 with LayerNorm at 16-64 rows the fp32 rows kernel (1.1-2.1x the GEMV and the tiled kernel:
+// "Session 35"); bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
 // CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
 // wins, and the engine goes there); else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
 // 8, then the tensor-core GEMV up to 16), 32 x 32 tiles up to 128 rows, then 128 x 128 tiles
 // (fp32: 64 x 64 until 128 x 128 tiles would cover the SMs).
-inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, bool cluster_ok, bool skinny_ok,
+inline int auto_path(int M, int N, bool w_bf16, bool ln, bool tg_ok, bool cluster_ok, bool skinny_ok, bool rows_f32_ok,
                      const DeviceInfo &d) {
+    if (rows_f32_ok && M >= RF_FROM && M <= RF_MAX_ROWS) return LINEAR_PATH_ROWS_F32;
     if (w_bf16 && !ln && skinny_ok && d.cc >= 90 && M > 4 && M <= 64) return LINEAR_PATH_SKINNY;
     if (w_bf16 && ln && cluster_ok && M > 4 && M <= CL_LN_MAX_ROWS) return LINEAR_PATH_CLUSTER;
     if (w_bf16 && ln && M > 8 && M <= 16 && tg_ok) return LINEAR_PATH_GEMV_TC;
@@ -1787,6 +1986,36 @@ inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma
     return cudaGetLastError();
 }
 
+// The fp32 rows kernel takes the call: K a multiple of 4 whose block fits in shared memory, x, W and
+// gamma 16-byte aligned, x's rows a multiple of 4 floats apart.
+inline bool rows_f32_fits(int M, int K, long long ldx, const void *x, const void *W, const float *gamma,
+                          const DeviceInfo &d) {
+    const int mt = M <= 16 ? 16 : M <= 32 ? 32 : RF_MAX_ROWS;
+    return K % 4 == 0 && ldx % 4 == 0 && rf_smem_bytes(mt, K) <= d.smem_optin &&
+           reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(gamma) % 16 == 0;
+}
+
+template <int MT>
+inline cudaError_t launch_rows_f32_mt(const float *x, long long ldx, const float *gamma, const float *W, int M, int N,
+                                      int K, const Epilogue &e, cudaStream_t stream) {
+    const int smem = (int)rf_smem_bytes(MT, K);
+    auto kern = rows_f32_kernel<MT>;
+    static int done[16];
+    cudaError_t err = allow_smem(kern, smem, done);
+    for (int m0 = 0; err == cudaSuccess && m0 < M; m0 += MT)
+        err = launch_pdl(kern, dim3((N + RF_BN - 1) / RF_BN), dim3(RF_THREADS), smem, stream, x, ldx, gamma, W, m0, M,
+                         N, K, e);
+    return err;
+}
+
+inline cudaError_t launch_rows_f32(const float *x, long long ldx, const float *gamma, const float *W, int M, int N,
+                                   int K, const Epilogue &e, cudaStream_t stream) {
+    if (M <= 16) return launch_rows_f32_mt<16>(x, ldx, gamma, W, M, N, K, e, stream);
+    if (M <= 32) return launch_rows_f32_mt<32>(x, ldx, gamma, W, M, N, K, e, stream);
+    return launch_rows_f32_mt<RF_MAX_ROWS>(x, ldx, gamma, W, M, N, K, e, stream);
+}
+
 template <bool LN>
 inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamma, const void *W, bool w_bf16, int M,
                                  int N, int K, const Epilogue &e, int path, cudaStream_t stream) {
@@ -1797,8 +2026,13 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     const bool cluster_ok = LN && w_bf16 && cluster_plan(M, N, K, d, &plan);
     SkinnyPlan splan = {};
     const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
+    const bool rows_f32_ok = LN && !w_bf16 && rows_f32_fits(M, K, ldx, x, W, gamma, d);
     if (path == LINEAR_PATH_AUTO)
-        path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, d);
+        path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, rows_f32_ok, d);
+    if (path == LINEAR_PATH_ROWS_F32) {  // fp32 with the LayerNorm
+        if (!rows_f32_ok) return cudaErrorInvalidValue;
+        return launch_rows_f32((const float *)x, ldx, gamma, (const float *)W, M, N, K, e, stream);
+    }
     if (path == LINEAR_PATH_CLUSTER) {  // bf16 with the LayerNorm
         if (!cluster_ok)
             return !LN || !w_bf16 ? cudaErrorInvalidValue : d.cc < 90 ? cudaErrorNotSupported : cudaErrorInvalidValue;

@@ -276,19 +276,22 @@ static void bench_ln(int K, int N, DType dt, int M, FILE *csv) {
     float *ref = fetch(b.y, (size_t)M * N, dt);
     const double tol = dt == DTYPE_F32 ? 1e-5 : 2e-2;
 
-    enum { NP = 8 };
+    enum { NP = 9 };
     const LinearPath paths[NP] = {LINEAR_PATH_AUTO,    LINEAR_PATH_GEMV,    LINEAR_PATH_TILED_XS, LINEAR_PATH_TILED_S,
-                                  LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER,  LINEAR_PATH_ROWS};
-    const char *pname[NP] = {"auto", "gemv", "tiled_xs", "tiled_s", "tiled_l", "gemv_tc", "cluster", "rows"};
+                                  LINEAR_PATH_TILED_L, LINEAR_PATH_GEMV_TC, LINEAR_PATH_CLUSTER,  LINEAR_PATH_ROWS,
+                                  LINEAR_PATH_ROWS_F32};
+    const char *pname[NP] = {"auto",    "gemv",    "tiled_xs", "tiled_s", "tiled_l",
+                             "gemv_tc", "cluster", "rows",     "rows_f32"};
     Timing tf[NP];
     int ran[NP] = {0};
     for (int p = 0; p < NP; p++) {
         if (paths[p] == LINEAR_PATH_GEMV_TC && (dt != DTYPE_BF16 || M > 512)) continue;
         if (paths[p] == LINEAR_PATH_CLUSTER && (dt != DTYPE_BF16 || M > 64 || !has_clusters())) continue;
         if (paths[p] == LINEAR_PATH_ROWS && (dt != DTYPE_BF16 || !gemm_rows_ln_takes(M, N, K))) continue;
+        if (paths[p] == LINEAR_PATH_ROWS_F32 && (dt != DTYPE_F32 || M > 512)) continue;
         if (paths[p] == LINEAR_PATH_GEMV && M > 64) continue;  // slices of 16 rows: pointless beyond
         if (paths[p] != LINEAR_PATH_GEMV && paths[p] != LINEAR_PATH_AUTO && paths[p] != LINEAR_PATH_CLUSTER &&
-            paths[p] != LINEAR_PATH_ROWS && M < 16)
+            paths[p] != LINEAR_PATH_ROWS && paths[p] != LINEAR_PATH_ROWS_F32 && M < 16)
             continue;
         if (paths[p] == LINEAR_PATH_TILED_XS && M > 512) continue;
         b.path = paths[p];

@@ -154,6 +154,7 @@ static const char *path_name(LinearPath p) {
     case LINEAR_PATH_CLUSTER: return "cluster";
     case LINEAR_PATH_SKINNY: return "skinny";
     case LINEAR_PATH_ROWS: return "rows";
+    case LINEAR_PATH_ROWS_F32: return "rows_f32";
     default: return "auto";
     }
 }
@@ -473,13 +474,22 @@ static void test_bad_args(void) {
     int e13 = linear_residual_ex(d, d, DTYPE_BF16, d, d, 2, 64, 64, LINEAR_PATH_ROWS, 0);
     int e14 = fused_ln_linear_ex(d, 96, d, d, DTYPE_BF16, d, d, d, 64, DTYPE_BF16, 2, 64, 96, ACT_NONE, NULL, NULL,
                                  LINEAR_PATH_ROWS, 0);
+    // The fp32 rows kernel: fp32 W, the LayerNorm ops only, K a multiple of 4 whose block fits.
+    int e15 = fused_ln_linear_ex(d, 64, d, d, DTYPE_BF16, d, d, d, 64, DTYPE_F32, 2, 64, 64, ACT_NONE, NULL, NULL,
+                                 LINEAR_PATH_ROWS_F32, 0);
+    int e16 = fused_ln_linear_ex(d, 66, d, d, DTYPE_F32, d, d, d, 64, DTYPE_F32, 2, 64, 66, ACT_NONE, NULL, NULL,
+                                 LINEAR_PATH_ROWS_F32, 0);
+    int e17 = fused_ln_linear_ex(d, 4000, d, d, DTYPE_F32, d, d, d, 64, DTYPE_F32, 2, 64, 4000, ACT_NONE, NULL, NULL,
+                                 LINEAR_PATH_ROWS_F32, 0);
+    int e18 = linear_residual_ex(d, d, DTYPE_F32, d, d, 2, 64, 64, LINEAR_PATH_ROWS_F32, 0);
     CHECK(e1 == cudaErrorInvalidValue && e2 == cudaErrorInvalidValue && e3 == cudaErrorInvalidValue && e4 == 0 &&
               e5 == cudaErrorInvalidValue && e6 == cudaErrorInvalidValue && e7 == cudaErrorInvalidValue &&
               e8 == cudaErrorInvalidValue && e9 == cudaErrorInvalidValue && e10 == cudaErrorInvalidValue &&
               e11 == cudaErrorInvalidValue && e12 == cudaErrorInvalidValue && e13 == cudaErrorInvalidValue &&
-              e14 == cudaErrorNotSupported,
-          "fused linear bad arguments", "got %d %d %d %d %d %d %d %d %d %d %d %d %d %d", e1, e2, e3, e4, e5, e6, e7, e8,
-          e9, e10, e11, e12, e13, e14);
+              e14 == cudaErrorNotSupported && e15 == cudaErrorInvalidValue && e16 == cudaErrorInvalidValue &&
+              e17 == cudaErrorInvalidValue && e18 == cudaErrorInvalidValue,
+          "fused linear bad arguments", "got %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", e1, e2, e3, e4, e5,
+          e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, e16, e17, e18);
     cudaFree(d);
 }
 
@@ -620,6 +630,21 @@ int main(void) {
     } else {
         test_skip("fused linear, rows path", "gemm_rows_ln needs an sm_90 device and an sm_90a build");
     }
+    // The fp32 rows kernel: GPT-2 124M's qkv and fc at 2, 16 and 64 rows and 355M's fc (K = 1024) at 33,
+    // a partial column block with K ending inside a chunk, more rows than a launch takes (slices of
+    // 64) with K past one chunk, strided rows, offset rows and outlier channels, GELU or not.
+    const int fshapes[][5] = {{2, 2304, 768, ACT_NONE, DATA_OUTLIER}, {16, 3072, 768, ACT_GELU, DATA_OFFSET},
+                              {64, 3072, 768, ACT_GELU, DATA_OUTLIER}, {33, 4096, 1024, ACT_NONE, DATA_NORMAL},
+                              {5, 77, 100, ACT_GELU, DATA_OFFSET},     {130, 300, 388, ACT_NONE, DATA_OUTLIER}};
+    for (int si = small ? 4 : 0; si < 6; si++)
+        for (int strided = 0; strided < 2; strided++) {
+            LnCase c = {0};
+            c.M = fshapes[si][0], c.N = fshapes[si][1], c.K = fshapes[si][2], c.act = (Activation)fshapes[si][3];
+            c.wt = DTYPE_F32, c.yt = DTYPE_F32, c.data = fshapes[si][4];
+            c.path = LINEAR_PATH_ROWS_F32;
+            if (strided) c.ldx = 2 * c.K + 4, c.ldy = c.N + 3;
+            run_ln_case(&c);
+        }
     test_bad_args();
     return test_exit_code();
 }
