@@ -72,8 +72,8 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //             M <= 64, K <= 1024; else cudaErrorNotSupported), each block normalising its rows into
 //             the tile its wgmmas read
 //   ROWS_F32  fp32 W with the LayerNorm only: 32 columns of W a block in shared memory before the PDL
-//             wait, x's rows in chunks, FFMA (K a multiple of 4 whose block fits, 16-byte aligned x,
-//             W and gamma; else cudaErrorInvalidValue), rows in slices of up to 64
+//             wait, x's rows in chunks, FFMA (K a multiple of 4 whose block fits, ldx a multiple of
+//             4, 16-byte aligned x, W and gamma; else cudaErrorInvalidValue), rows in slices of 64
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,

@@ -73,12 +73,12 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 // The block's two warpgroups stage (LN_THREADS: the second one only stages, then leaves the MMAs to
 // the first). In a cluster of CN blocks along the columns (the same rows, CN column tiles) block q
 // stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles (distributed shared
-// memory). Each of the 8 warps takes RB / CN / 8 rows (at least one), up to four at a time, whole
-// rows in registers (one L2 round trip for the four): exact two-pass statistics with shuffles, then
-// gamma (x - mean) rstd rounded to bf16 and stored under the 128-byte swizzle (16-byte chunk c of
-// row t at chunk c ^ (t % 8)), rows past M as zeros. beta is not applied: it is in the bias
-// (b' = W beta + b, ln_fold.cu's vectors), so the product is W (LayerNorm(x) - beta) + b' =
-// W LayerNorm(x) + b.
+// memory). The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one
+// each), up to four at a time, whole rows in registers (one L2 round trip for the four): exact
+// two-pass statistics with shuffles, then gamma (x - mean) rstd rounded to bf16 and stored under the
+// 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as zeros. beta is
+// not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the product is
+// W (LayerNorm(x) - beta) + b' = W LayerNorm(x) + b.
 // Straight-line code, the lanes past the row masked by selects: a warp runs this with little to
 // hide its latencies but its rows' independent chains and the scheduler's other warp; a branch a
 // value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
@@ -419,7 +419,7 @@ int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
 // than the reads save. On an H200, 768 -> 3072 at 32 / 64 rows 5.77 / 6.57 us -> 5.29 / 5.84, and
 // 1024 -> 4096 at 8 / 16 / 64 rows 4.66 / 5.20 / 8.61 -> 4.31 / 4.58 / 7.99 (two a cluster: four
 // do not fit); at one row 2.92 -> 3.14 with two (docs/PERF.md, "Session 35").
-// GPT2_LN_CLUSTER=1|2|4 forces one where it fits.
+// GPT2_LN_CLUSTER=2|4 forces that cluster where it fits (else none), any other non-zero value none.
 bool ln_cluster_pays(int M, int K) { return M > 1 && (M > 16 || K > 768); }
 
 template <int RB, int EPI, int VPL, int CN>

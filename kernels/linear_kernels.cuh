@@ -1471,22 +1471,21 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 // At 16-64 rows of fp32 the FMA GEMV reads x from shared memory once per W row it multiplies
 // (shared-memory bound: 12.95 us at 16 rows of 768 -> 3072 on an H200), the 32 x 64 tiles leave
 // a third of the SMs idle and wait on every K step (33 us at 64 rows), and cuBLAS's SGEMM alone
-// takes 13.9-21 us. This kernel: 12.0 / 16.0 / 27.1 us at 16 / 32 / 64 rows (docs/PERF.md,
+// takes 13.0-21.3 us. This kernel: 12.0 / 16.1 / 27.2 us at 16 / 32 / 64 rows (docs/PERF.md,
 // "Session 35", with what limits it: 8 warps an SM, each ~4.7 cycles an instruction). Here:
 //   - a block owns RF_BN = 32 output columns and all of K: its W slice (32 x K fp32, 96 KB at
 //     K = 768) arrives by cp.async before the PDL wait, with gamma;
-//   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of 128 / MT x 2 slots
-//     (all of K at up to 16 rows, the next chunk at 64), issued as slots free up: one L2 round
-//     trip a chunk, waited for one by one, left 16 rows at 12.2 us. Each chunk is shifted by c
-//     (the mean of the row's first chunk), its
-//     statistics taken exactly (two passes over the chunk in registers) and merged into the row's
-//     running ones (Chan's formula), and replaced in place by gamma (x - c);
+//   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of RF_RING_ROWS / MT
+//     slots (all of K = 768 at 16 rows, the next chunk at 64), each slot refilled as it frees up.
+//     Each chunk is shifted by the row's shift (the mean of its first chunk), its statistics taken
+//     exactly (two passes over the chunk in registers) and merged into the row's running ones
+//     (Chan's formula), and replaced in place by gamma (x - shift);
 //   - each warp takes 16 k of every chunk against the whole MT x 32 tile: lane (rg, cg) = (lane / 4,
 //     lane % 4) holds rows rg + 8 i and columns cg + 4 j, interleaved so that a quarter warp's
 //     16-byte reads hit distinct banks (rows padded to 4 mod 32 floats). At the end the 8 warps'
 //     partial tiles meet in shared memory, summed in warp order (the same bits every run).
 // The statistics stay exact where one-pass sums fail: a chunk's variance is taken around its own
-// mean, and the product runs on x - c with c within a few deviations of the row's mean.
+// mean, and the product runs on x - shift with the shift within a few deviations of the row's mean.
 
 constexpr int RF_BN = 32;                  // output columns a block
 constexpr int RF_KC = 128;                 // k a chunk of x
@@ -1497,9 +1496,10 @@ constexpr int RF_RING_ROWS = 128;          // the ring of x chunks: RF_RING_ROWS
 constexpr int RF_MAX_ROWS = 64;            // rows a launch (more run as slices)
 constexpr int RF_FROM = 16;                // AUTO's fewest rows for it: below, the FMA GEMV is faster
 
-// W's row stride in shared memory: K rounded up to 4 mod 32 floats (no bank conflicts between the
-// four column groups of a quarter warp).
-__host__ __device__ constexpr int rf_ws(int K) { return K + ((4 - K % 32) + 32) % 32; }
+// W's row stride in shared memory: K rounded up to whole chunks (the last chunk's FFMAs read all of
+// it: zeros past K), plus 4 floats (4 mod 32: no bank conflicts between the four column groups of a
+// quarter warp).
+__host__ __device__ constexpr int rf_ws(int K) { return (K + RF_KC - 1) / RF_KC * RF_KC + 4; }
 
 // Shared memory of a block, bytes: W [RF_BN][rf_ws(K)], the ring of x chunks [slots][mt][RF_XS] (the
 // warps' partial tiles [RF_WARPS][mt][RF_BN + 1] reuse it), gamma [K rounded to a chunk], statistics
@@ -1528,13 +1528,13 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
 
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
-    // Weights before the wait: W's 32 rows (zero past N), gamma (zero past K), and the s_n of the
+    // Weights before the wait: W's 32 rows (zero past N and K), gamma (zero past K), and the s_n of the
     // column this thread finishes.
-    for (int r = warp; r < RF_BN; r += RF_WARPS) {
-        const bool ok = n0 + r < N;
-        for (int k = 4 * lane; k < K; k += 128)
+    for (int r = warp; r < RF_BN; r += RF_WARPS)
+        for (int k = 4 * lane; k < nch * RF_KC; k += 128) {  // zeros past K: the padding may hold NaNs
+            const bool ok = n0 + r < N && k < K;
             cp_async16(Ws + r * ws + k, ok ? W + (size_t)(n0 + r) * K + k : W, ok ? 16 : 0);
-    }
+        }
     for (int k = 4 * tid; k < nch * RF_KC; k += 4 * RF_THREADS)
         cp_async16(gs + k, k < K ? gamma + k : gamma, k < K ? 16 : 0);
     cp_async_commit();
@@ -1572,8 +1572,9 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     const int rg = lane / 4, cg = lane % 4;
 
     for (int c = 0; c < nch; c++) {
-        // Chunks up to c + NB - 2 are committed (the first NB, then one an iteration): chunk c (and W)
-        // has landed when at most NB - 2 groups are pending.
+        // Committed: chunks up to max(c + NB - 2, NB - 1) (the first NB, then one an iteration from
+        // c = 1), so chunk c (and W) has landed once at most NB - 2 groups are pending (at c = 0 that
+        // waits for chunk 1 too).
         cp_async_wait<NB - 2>();
         __syncthreads();  // chunk c landed for all; every warp is done with chunk c - 1's slot
         if (c > 0) load_chunk(c + NB - 1);

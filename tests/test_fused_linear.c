@@ -611,15 +611,17 @@ int main(void) {
         run_res_case(sshapes[si][0], sshapes[si][1], sshapes[si][2], DTYPE_BF16, LINEAR_PATH_SKINNY, si == 1);
     // gemm_rows_ln (Hopper): GPT-2 124M's qkv and fc at 1, 16 and 64 rows, 355M's fc (K = 1024) at
     // 17 and 33 rows (two row blocks), a partial column block and short rows (one k slice), strided
-    // rows, offset rows and outlier channels, GELU or not. Past 16 rows (and from 2 rows of K = 1024)
-    // the blocks share the rows' staging in clusters of 2 or 4 along the columns (40 rows of N = 130:
-    // a grid padded to whole clusters); GPT2_LN_CLUSTER=1|2|4 runs every case with one of them.
+    // rows, offset rows and outlier channels, GELU or not. Past 16 rows, and from 2 rows where K > 768
+    // (16 rows of 1024, 5 of 832), the blocks share the rows' staging in clusters of 2 or 4 along the
+    // columns (40 rows of N = 130, 5 of N = 100: grids padded to whole clusters); GPT2_LN_CLUSTER=1,
+    // 2 or 4 forces one size on every case.
     if (gemm_rows_ln_takes(64, 4096, 1024)) {
         const int wshapes[][5] = {{1, 2304, 768, ACT_NONE, DATA_OUTLIER}, {16, 3072, 768, ACT_GELU, DATA_OFFSET},
                                   {64, 2304, 768, ACT_NONE, DATA_NORMAL}, {64, 3072, 768, ACT_GELU, DATA_OUTLIER},
                                   {17, 4096, 1024, ACT_GELU, DATA_NORMAL}, {33, 4096, 1024, ACT_NONE, DATA_OFFSET},
-                                  {3, 100, 64, ACT_GELU, DATA_NORMAL},     {40, 130, 128, ACT_NONE, DATA_OUTLIER}};
-        for (int si = small ? 4 : 0; si < 8; si++)
+                                  {3, 100, 64, ACT_GELU, DATA_NORMAL},     {40, 130, 128, ACT_NONE, DATA_OUTLIER},
+                                  {16, 4096, 1024, ACT_GELU, DATA_OUTLIER}, {5, 100, 832, ACT_NONE, DATA_OFFSET}};
+        for (int si = small ? 4 : 0; si < 10; si++)
             for (int strided = 0; strided < 2; strided++) {
                 LnCase c = {0};
                 c.M = wshapes[si][0], c.N = wshapes[si][1], c.K = wshapes[si][2], c.act = (Activation)wshapes[si][3];
@@ -631,12 +633,14 @@ int main(void) {
         test_skip("fused linear, rows path", "gemm_rows_ln needs an sm_90 device and an sm_90a build");
     }
     // The fp32 rows kernel: GPT-2 124M's qkv and fc at 2, 16 and 64 rows and 355M's fc (K = 1024) at 33,
-    // a partial column block with K ending inside a chunk, more rows than a launch takes (slices of
-    // 64) with K past one chunk, strided rows, offset rows and outlier channels, GELU or not.
+    // partial column blocks with K ending inside a chunk (W's row padding then read as zeros), more
+    // rows than a launch takes (slices of 64) with K past one chunk, strided rows, offset rows and
+    // outlier channels, GELU or not.
     const int fshapes[][5] = {{2, 2304, 768, ACT_NONE, DATA_OUTLIER}, {16, 3072, 768, ACT_GELU, DATA_OFFSET},
                               {64, 3072, 768, ACT_GELU, DATA_OUTLIER}, {33, 4096, 1024, ACT_NONE, DATA_NORMAL},
-                              {5, 77, 100, ACT_GELU, DATA_OFFSET},     {130, 300, 388, ACT_NONE, DATA_OUTLIER}};
-    for (int si = small ? 4 : 0; si < 6; si++)
+                              {5, 77, 100, ACT_GELU, DATA_OFFSET},     {130, 300, 388, ACT_NONE, DATA_OUTLIER},
+                              {40, 70, 120, ACT_GELU, DATA_NORMAL}};
+    for (int si = small ? 4 : 0; si < 7; si++)
         for (int strided = 0; strided < 2; strided++) {
             LnCase c = {0};
             c.M = fshapes[si][0], c.N = fshapes[si][1], c.K = fshapes[si][2], c.act = (Activation)fshapes[si][3];
