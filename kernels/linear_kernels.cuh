@@ -1466,198 +1466,261 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 }
 
 // ----------------------------------------------------------------------------
-// fp32 rows kernel: LayerNorm + Linear (+ GELU) for a few rows of fp32 W, exact fp32 FFMA.
+// fp32 rows kernel: LayerNorm + Linear (+ GELU) for 16-64 rows of fp32 W, on tensor cores at fp32's
+// accuracy (3xTF32).
 //
 // At 16-64 rows of fp32 the FMA GEMV reads x from shared memory once per W row it multiplies
 // (shared-memory bound: 12.95 us at 16 rows of 768 -> 3072 on an H200), the 32 x 64 tiles leave
 // a third of the SMs idle and wait on every K step (33 us at 64 rows), and cuBLAS's SGEMM alone
-// takes 13.0-21.3 us. This kernel: 12.0 / 16.1 / 27.2 us at 16 / 32 / 64 rows (docs/PERF.md,
-// "Session 35", with what limits it: 8 warps an SM, each ~4.7 cycles an instruction). Here:
-//   - a block owns RF_BN = 32 output columns and all of K: its W slice (32 x K fp32, 96 KB at
-//     K = 768) arrives by cp.async before the PDL wait, with gamma;
+// takes 13.0-21.3 us. Measured speed and what limits it: docs/PERF.md, "Session 36". Here:
+//   - a block owns BN = 32 output columns (24 where that fills more of the SMs: N = 3072 on 132) and
+//     all of K: its W slice (32 x K fp32, 96 KB at K = 768) arrives by cp.async before the PDL wait,
+//     with gamma;
 //   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of RF_RING_ROWS / MT
-//     slots (all of K = 768 at 16 rows, the next chunk at 64), each slot refilled as it frees up.
-//     Each chunk is shifted by the row's shift (the mean of its first chunk), its statistics taken
-//     exactly (two passes over the chunk in registers) and merged into the row's running ones
-//     (Chan's formula), and replaced in place by gamma (x - shift);
-//   - each warp takes 16 k of every chunk against the whole MT x 32 tile: lane (rg, cg) = (lane / 4,
-//     lane % 4) holds rows rg + 8 i and columns cg + 4 j, interleaved so that a quarter warp's
-//     16-byte reads hit distinct banks (rows padded to 4 mod 32 floats). At the end the 8 warps'
-//     partial tiles meet in shared memory, summed in warp order (the same bits every run).
-// The statistics stay exact where one-pass sums fail: a chunk's variance is taken around its own
-// mean, and the product runs on x - shift with the shift within a few deviations of the row's mean.
+//     slots (all of K = 768 at 16 rows, the next chunk at 64), each slot refilled as it frees up;
+//   - every row is shifted by the mean of its first chunk, and its statistics are taken in one pass
+//     around that shift, as the tiled kernels take them (fused_ln_linear.h, "Numerics");
+//   - the 16 warps form RF_KG = 8 groups along k (16 k of every chunk a group) times two halves of
+//     the MT x BN tile. A lane turns its x values into gamma (x - shift) in registers as it builds
+//     the A fragments, summing d = x - shift and d^2 for the statistics on the way, so no pass over
+//     the chunk stands between its arrival and the MMAs;
+//   - the products are three tf32 MMAs, a_lo b_hi + a_hi b_lo + a_hi b_hi with a = a_hi + a_lo
+//     (mma.cuh's split_tf32): about fp32's error (the dropped a_lo b_lo is 2^-22 of the product), at
+//     three times the MMAs of plain TF32, which is off by 2^-11;
+//   - at the end the k groups' partial tiles and sums meet in shared memory, summed in group order
+//     (the same bits every run).
 
-constexpr int RF_BN = 32;                  // output columns a block
+constexpr int RF_BN = 32;                  // output columns a block, at most (24 where that fills more SMs)
 constexpr int RF_KC = 128;                 // k a chunk of x
-constexpr int RF_THREADS = 256;
+constexpr int RF_THREADS = 512;
 constexpr int RF_WARPS = RF_THREADS / 32;
-constexpr int RF_XS = RF_KC + 4;           // a chunk row in shared memory: 4 mod 32 floats
+constexpr int RF_KG = 8;                   // the warps' groups along k: 16 k of each chunk a group
+constexpr int RF_XS = RF_KC + 16;          // a chunk row in shared memory: 16 mod 32 floats
+constexpr int RF_PS = RF_BN + 8;           // a row of a partial tile: 8 mod 32 floats
 constexpr int RF_RING_ROWS = 128;          // the ring of x chunks: RF_RING_ROWS / MT slots of MT rows
 constexpr int RF_MAX_ROWS = 64;            // rows a launch (more run as slices)
 constexpr int RF_FROM = 16;                // AUTO's fewest rows for it: below, the FMA GEMV is faster
 
-// W's row stride in shared memory: K rounded up to whole chunks (the last chunk's FFMAs read all of
-// it: zeros past K), plus 4 floats (4 mod 32: no bank conflicts between the four column groups of a
-// quarter warp).
-__host__ __device__ constexpr int rf_ws(int K) { return (K + RF_KC - 1) / RF_KC * RF_KC + 4; }
+// W's row stride in shared memory: K rounded up to whole chunks (the last chunk's MMAs read all of
+// it: zeros past K), plus 16 floats. Rows 16 mod 32 floats apart (W's and the chunks') keep the
+// fragments' 16-byte reads free of bank conflicts: a quarter warp reads 4 float4s of one row and 4 of
+// the next.
+__host__ __device__ constexpr int rf_ws(int K) { return (K + RF_KC - 1) / RF_KC * RF_KC + 16; }
 
-// Shared memory of a block, bytes: W [RF_BN][rf_ws(K)], the ring of x chunks [slots][mt][RF_XS] (the
-// warps' partial tiles [RF_WARPS][mt][RF_BN + 1] reuse it), gamma [K rounded to a chunk], statistics
-// [2][mt].
-__host__ __device__ constexpr long long rf_smem_bytes(int mt, int K) {
-    return 4LL * ((long long)RF_BN * rf_ws(K) + RF_RING_ROWS * RF_XS + (K + RF_KC - 1) / RF_KC * RF_KC + 2 * mt);
+// The ring of x chunks [slots][mt][RF_XS], whose space the k groups' partial tiles [RF_KG][mt][RF_PS]
+// reuse at the end, floats.
+__host__ __device__ constexpr int rf_ring_floats(int mt) {
+    return RF_RING_ROWS * RF_XS > RF_KG * mt * RF_PS ? RF_RING_ROWS * RF_XS : RF_KG * mt * RF_PS;
 }
 
-template <int MT>
+// Shared memory of a block, bytes: W [bn][rf_ws(K)], the ring, gamma [K rounded to a chunk], the
+// rows' shifts, then statistics [2][mt], and the k groups' sums [RF_KG][mt][2].
+__host__ __device__ constexpr long long rf_smem_bytes(int mt, int bn, int K) {
+    return 4LL * ((long long)bn * rf_ws(K) + rf_ring_floats(mt) + (K + RF_KC - 1) / RF_KC * RF_KC + 2 * mt +
+                  RF_KG * mt * 2);
+}
+
+template <int MT, int BN>
 __global__ void __launch_bounds__(RF_THREADS, 1)
 rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restrict__ gamma,
                 const float *__restrict__ W, int m0, int M, int N, int K, Epilogue e) {
-    constexpr int TM = MT / 8, TN = RF_BN / 4;      // a lane's rows and columns
-    constexpr int TPR = RF_THREADS / MT;            // threads a row in the chunk pass
-    constexpr int FPT = RF_KC / 4 / TPR;            // float4s a thread of a chunk row
+    // The warps: RF_KG groups along k times two halves of the MT x BN tile, split along m where the
+    // tile has two m16 tiles or more, else along n; a warp holds WMI x WNT m16n8 accumulator tiles.
+    constexpr bool SPLIT_M = MT >= 32;
+    constexpr int WMI = SPLIT_M ? MT / 32 : MT / 16, WNT = SPLIT_M ? BN / 8 : BN / 16;
+    constexpr int TPR = RF_THREADS / MT;            // the shift's pass: threads a row
+    constexpr int FPT = RF_KC / 4 / TPR;            // float4s a thread of the first chunk's row
     constexpr int NB = RF_RING_ROWS / MT;           // the ring's slots
-    static_assert(NB >= 2 && RF_WARPS * MT * (RF_BN + 1) <= NB * MT * RF_XS, "the partial tiles fit in the ring");
+    constexpr int FIN_ROWS = RF_WARPS;              // the epilogue: column lane, rows warp + FIN_ROWS i
+    static_assert(NB >= 2 && MT % 16 == 0, "two slots at least; whole m16 tiles");
+    static_assert(BN <= RF_BN && BN % 8 == 0 && (SPLIT_M || BN % 16 == 0), "whole n8 tiles for each warp");
+    static_assert(RF_WARPS == 2 * RF_KG && RF_KG * 16 == RF_KC && RF_KG == 8, "two warps a k group; 16 k a group");
     extern __shared__ __align__(16) float rf_smem[];
     const int ws = rf_ws(K), nch = (K + RF_KC - 1) / RF_KC;
-    float *Ws = rf_smem;                              // [RF_BN][ws]
-    float *xs = Ws + RF_BN * ws;                      // [NB][MT][RF_XS]
-    float *gs = xs + NB * MT * RF_XS;                 // [nch * RF_KC], zero past K
-    float *stats = gs + nch * RF_KC;                  // dmean [MT], rstd [MT]
+    float *Ws = rf_smem;                              // [BN][ws]
+    float *xs = Ws + BN * ws;                         // [NB][MT][RF_XS]
+    float *gs = xs + rf_ring_floats(MT);              // [nch * RF_KC], zero past K
+    float *stats = gs + nch * RF_KC;                  // the rows' shifts [MT], then dmean [MT], rstd [MT]
+    float *sums = stats + 2 * MT;                     // [RF_KG][MT][2]: sum d, sum d^2
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n0 = blockIdx.x * RF_BN, rows = min(MT, M - m0);
+    const int n0 = blockIdx.x * BN, rows = min(MT, M - m0);
 
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
-    // Weights before the wait: W's 32 rows (zero past N and K), gamma (zero past K), and the s_n of the
-    // column this thread finishes.
-    for (int r = warp; r < RF_BN; r += RF_WARPS)
-        for (int k = 4 * lane; k < nch * RF_KC; k += 128) {  // zeros past K: the padding may hold NaNs
-            const bool ok = n0 + r < N && k < K;
-            cp_async16(Ws + r * ws + k, ok ? W + (size_t)(n0 + r) * K + k : W, ok ? 16 : 0);
+    // Weights before the wait: W's BN rows (zero past N and K), gamma (zero past K), and the s_n and b'_n
+    // of the column this thread finishes. Warp w copies rows w and w + 16, a lane 16 bytes of each 128 k
+    // (zeros past K: the padding may hold NaNs).
+    static_assert(BN <= 2 * RF_WARPS, "two W rows a warp at most");
+#pragma unroll
+    for (int r = warp; r < BN; r += RF_WARPS) {
+        const bool row_ok = n0 + r < N;
+        const float *src = W + (size_t)(row_ok ? n0 + r : 0) * K + 4 * lane;
+        float *dst = Ws + r * ws + 4 * lane;
+        for (int k = 0; k < nch * RF_KC; k += RF_KC) {
+            const bool ok = row_ok && k + 4 * lane < K;
+            cp_async16(dst + k, ok ? src + k : W, ok ? 16 : 0);
         }
+    }
     for (int k = 4 * tid; k < nch * RF_KC; k += 4 * RF_THREADS)
         cp_async16(gs + k, k < K ? gamma + k : gamma, k < K ? 16 : 0);
     cp_async_commit();
-    const int fin_n = tid % RF_BN, fin_m = tid / RF_BN;  // the epilogue: column fin_n, rows fin_m + 8 i
-    const float s_n = n0 + fin_n < N ? __ldg(e.s + n0 + fin_n) : 0.0f;
+    const int fin_n = lane, fin_m = warp;
+    const bool fin_ok = fin_n < BN && n0 + fin_n < N;
+    const float s_n = fin_ok ? __ldg(e.s + n0 + fin_n) : 0.0f;
+    const float b_n = fin_ok && e.bias ? __ldg(e.bias + n0 + fin_n) : 0.0f;
+    Epilogue e_nb = e;  // the bias added here, loaded now: epi_store's load would wait after every store
+    e_nb.bias = nullptr;
     pdl_wait();
 
-    auto load_chunk = [&](int c) {  // one commit group, empty past K
-        float *dst = xs + (c % NB) * MT * RF_XS;
-        for (int q = tid; c < nch && q < MT * (RF_KC / 4); q += RF_THREADS) {
-            const int r = q / (RF_KC / 4), k = c * RF_KC + 4 * (q % (RF_KC / 4));
-            const bool ok = r < rows && k < K;
-            cp_async16(dst + r * RF_XS + k - c * RF_KC, ok ? x + (size_t)(m0 + r) * ldx + k : x, ok ? 16 : 0);
+    // Chunk c of x's rows, one commit group (empty past K): warp w copies rows w + 16 i, a lane 16 bytes.
+    const float *x_lane = x + (size_t)(m0 + warp) * ldx + 4 * lane;
+    auto load_chunk = [&](int c) {
+        if (c < nch) {
+            const bool k_ok = c * RF_KC + 4 * lane < K;
+            float *dst = xs + (c % NB) * MT * RF_XS + warp * RF_XS + 4 * lane;
+#pragma unroll
+            for (int i = 0; i < MT / RF_WARPS; i++) {
+                const bool ok = k_ok && warp + RF_WARPS * i < rows;
+                cp_async16(dst + i * RF_WARPS * RF_XS, ok ? x_lane + (size_t)i * RF_WARPS * ldx + c * RF_KC : x,
+                           ok ? 16 : 0);
+            }
         }
         cp_async_commit();
     };
 #pragma unroll 1
     for (int c = 0; c < NB; c++) load_chunk(c);
 
-    // The chunk pass: row pr = tid / TPR, its float4s pp + TPR f (f < FPT); the row's TPR threads are
-    // consecutive lanes and keep the same running statistics (n, mean of x - c, M2).
-    const int pr = tid / TPR, pp = tid % TPR;
-    float shift = 0.0f, run_n = 0.0f, run_mean = 0.0f, run_m2 = 0.0f;
-    auto group_sum = [](float v) {
+    // Committed: W and gamma, then chunks up to max(c + NB - 2, NB - 1) (the first NB, then one an
+    // iteration from c = 1), so chunk c has landed once at most NB - 2 groups are pending (at c = 0
+    // that waits for chunk 1 too).
+    cp_async_wait<NB - 2>();
+    __syncthreads();
+    {  // each row's shift: the mean of its first chunk (zeros past K add nothing)
+        const int r = tid / TPR, p = tid % TPR;
+        float a = 0.0f;
 #pragma unroll
-        for (int o = 1; o < TPR; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        return v;
-    };
+        for (int f = 0; f < FPT; f++) {
+            const float4 v = *reinterpret_cast<const float4 *>(xs + r * RF_XS + 4 * (p + TPR * f));
+            a += (v.x + v.y) + (v.z + v.w);
+        }
+#pragma unroll
+        for (int o = 1; o < TPR; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (p == 0) stats[r] = a / min(RF_KC, K);
+    }
+    __syncthreads();
 
-    float acc[TM][TN];
+    const int gid = lane / 4, tig = lane % 4, kg = warp % RF_KG, half = warp / RF_KG;
+    const int wm0 = SPLIT_M ? 16 * WMI * half : 0, wn0 = SPLIT_M ? 0 : 8 * WNT * half;  // the warp's tile
+    // The lane's rows wm0 + 16 i + gid + 8 h: their shifts and sums of d = x - shift and d^2.
+    float shift[WMI][2], sum_d[WMI][2], sum_d2[WMI][2];
 #pragma unroll
-    for (int i = 0; i < TM; i++)
+    for (int i = 0; i < WMI; i++)
 #pragma unroll
-        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
-    const int rg = lane / 4, cg = lane % 4;
+        for (int h = 0; h < 2; h++) {
+            shift[i][h] = stats[wm0 + 16 * i + gid + 8 * h];
+            sum_d[i][h] = sum_d2[i][h] = 0.0f;
+        }
+    float acc[WMI][WNT][4];
+#pragma unroll
+    for (int i = 0; i < WMI; i++)
+#pragma unroll
+        for (int j = 0; j < WNT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
 
     for (int c = 0; c < nch; c++) {
-        // Committed: chunks up to max(c + NB - 2, NB - 1) (the first NB, then one an iteration from
-        // c = 1), so chunk c (and W) has landed once at most NB - 2 groups are pending (at c = 0 that
-        // waits for chunk 1 too).
-        cp_async_wait<NB - 2>();
-        __syncthreads();  // chunk c landed for all; every warp is done with chunk c - 1's slot
-        if (c > 0) load_chunk(c + NB - 1);
-        float *xc = xs + (c % NB) * MT * RF_XS;
-        {
-            const int k0 = c * RF_KC, nb = min(RF_KC, K - k0);
-            float4 v[FPT];
-#pragma unroll
-            for (int f = 0; f < FPT; f++)
-                v[f] = *reinterpret_cast<const float4 *>(xc + pr * RF_XS + 4 * (pp + TPR * f));
-            if (c == 0) {  // the shift: the mean of the row's first chunk (zeros past K add nothing)
-                float a = 0.0f;
-#pragma unroll
-                for (int f = 0; f < FPT; f++) a += (v[f].x + v[f].y) + (v[f].z + v[f].w);
-                shift = group_sum(a) / nb;
-            }
-            float d[FPT][4], a = 0.0f;
-#pragma unroll
-            for (int f = 0; f < FPT; f++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const bool in = 4 * (pp + TPR * f) + q < nb;
-                    d[f][q] = in ? (&v[f].x)[q] - shift : 0.0f;
-                    a += d[f][q];
-                }
-            const float cmean = group_sum(a) / nb;
-            float m2 = 0.0f;
-#pragma unroll
-            for (int f = 0; f < FPT; f++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const float t = 4 * (pp + TPR * f) + q < nb ? d[f][q] - cmean : 0.0f;
-                    m2 = fmaf(t, t, m2);
-                }
-            m2 = group_sum(m2);
-            const float nn = run_n + nb, delta = cmean - run_mean;  // Chan's merge
-            run_mean += delta * (nb / nn);
-            run_m2 += m2 + delta * delta * (run_n * nb / nn);
-            run_n = nn;
-#pragma unroll
-            for (int f = 0; f < FPT; f++) {
-                const int k = 4 * (pp + TPR * f);
-                const float4 g = *reinterpret_cast<const float4 *>(gs + k0 + k);
-                *reinterpret_cast<float4 *>(xc + pr * RF_XS + k) =
-                    make_float4(g.x * d[f][0], g.y * d[f][1], g.z * d[f][2], g.w * d[f][3]);
-            }
+        if (c > 0) {
+            cp_async_wait<NB - 2>();
+            __syncthreads();  // chunk c landed for all; every warp is done with chunk c - 1's slot
+            load_chunk(c + NB - 1);
         }
-        __syncthreads();  // the chunk is gamma (x - c)
-        const float *wc = Ws + c * RF_KC + 16 * warp;
-        const float *xw = xc + 16 * warp;
+        // The group's 16 k of the chunk as two k8 steps of 3xTF32 MMAs. The MMA's k order is free, so
+        // lane (gid, tig) takes k = 4 tig .. 4 tig + 3 in one 16-byte read of x's row and of W's
+        // column: step s's fragment k = tig is physical k 4 tig + 2 s, fragment k = tig + 4 is 4 tig +
+        // 2 s + 1, the same in A and B.
+        const int k = c * RF_KC + 16 * kg + 4 * tig;
+        const float *xw = xs + (c % NB) * MT * RF_XS + wm0 * RF_XS + 16 * kg + 4 * tig;
+        const float *ww = Ws + wn0 * ws + k;
+        const float4 g = *reinterpret_cast<const float4 *>(gs + k);
+        float in_k[4];  // 1 at k < K: the statistics skip the zero fill past K (gamma = 0 keeps it out of A)
 #pragma unroll
-        for (int kk = 0; kk < 16; kk += 4) {
-            float4 xv[TM], wv[TN];
+        for (int q = 0; q < 4; q++) in_k[q] = k + q < K ? 1.0f : 0.0f;
+        uint32_t bh[WNT][2][2], bl[WNT][2][2];  // [n tile][k step][b0, b1]
 #pragma unroll
-            for (int i = 0; i < TM; i++) xv[i] = *reinterpret_cast<const float4 *>(xw + (rg + 8 * i) * RF_XS + kk);
+        for (int j = 0; j < WNT; j++) {
+            const float4 w = *reinterpret_cast<const float4 *>(ww + (8 * j + gid) * ws);
+            split_tf32(w.x, bh[j][0][0], bl[j][0][0]);
+            split_tf32(w.y, bh[j][0][1], bl[j][0][1]);
+            split_tf32(w.z, bh[j][1][0], bl[j][1][0]);
+            split_tf32(w.w, bh[j][1][1], bl[j][1][1]);
+        }
 #pragma unroll
-            for (int j = 0; j < TN; j++) wv[j] = *reinterpret_cast<const float4 *>(wc + (cg + 4 * j) * ws + kk);
+        for (int i = 0; i < WMI; i++) {
+            float a[2][4];  // gamma (x - shift) of rows gid, gid + 8 at the lane's 4 k
 #pragma unroll
-            for (int i = 0; i < TM; i++)
+            for (int h = 0; h < 2; h++) {
+                const float4 v = *reinterpret_cast<const float4 *>(xw + (16 * i + gid + 8 * h) * RF_XS);
 #pragma unroll
-                for (int j = 0; j < TN; j++) {
-                    acc[i][j] = fmaf(xv[i].x, wv[j].x, acc[i][j]);
-                    acc[i][j] = fmaf(xv[i].y, wv[j].y, acc[i][j]);
-                    acc[i][j] = fmaf(xv[i].z, wv[j].z, acc[i][j]);
-                    acc[i][j] = fmaf(xv[i].w, wv[j].w, acc[i][j]);
+                for (int q = 0; q < 4; q++) {
+                    const float d = (&v.x)[q] - shift[i][h], dk = d * in_k[q];
+                    sum_d[i][h] += dk;
+                    sum_d2[i][h] = fmaf(dk, d, sum_d2[i][h]);
+                    a[h][q] = (&g.x)[q] * d;
                 }
+            }
+#pragma unroll
+            for (int st = 0; st < 2; st++) {
+                uint32_t ah[4], al[4];
+                split_tf32(a[0][2 * st], ah[0], al[0]);
+                split_tf32(a[1][2 * st], ah[1], al[1]);
+                split_tf32(a[0][2 * st + 1], ah[2], al[2]);
+                split_tf32(a[1][2 * st + 1], ah[3], al[3]);
+#pragma unroll
+                for (int j = 0; j < WNT; j++) {  // the small products first
+                    mma_tf32_1688(acc[i][j], al, bh[j][st][0], bh[j][st][1]);
+                    mma_tf32_1688(acc[i][j], ah, bl[j][st][0], bl[j][st][1]);
+                    mma_tf32_1688(acc[i][j], ah, bh[j][st][0], bh[j][st][1]);
+                }
+            }
         }
     }
-    if (pp == 0) stats[pr] = run_mean, stats[MT + pr] = 1.0f / sqrtf(run_m2 / K + LN_EPS);
-    __syncthreads();  // every warp is done with the chunks: their space takes the partial tiles
-    float *part = xs;  // [RF_WARPS][MT][RF_BN + 1]
+
+    // The rows' sums: a row's four tig lanes by shuffles, then one slot a k group (the two halves of an
+    // n split hold the same rows: the first writes).
 #pragma unroll
-    for (int i = 0; i < TM; i++)
+    for (int i = 0; i < WMI; i++)
 #pragma unroll
-        for (int j = 0; j < TN; j++) part[(warp * MT + rg + 8 * i) * (RF_BN + 1) + cg + 4 * j] = acc[i][j];
+        for (int h = 0; h < 2; h++) {
+            float s1 = sum_d[i][h], s2 = sum_d2[i][h];
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+            s2 += __shfl_xor_sync(0xffffffffu, s2, 1);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+            s2 += __shfl_xor_sync(0xffffffffu, s2, 2);
+            if (tig == 0 && (SPLIT_M || half == 0)) {
+                float *dst = sums + (kg * MT + wm0 + 16 * i + gid + 8 * h) * 2;
+                dst[0] = s1, dst[1] = s2;
+            }
+        }
+    __syncthreads();  // every warp is done with the chunks (their space takes the partial tiles) and the shifts
+    float *part = xs;  // [RF_KG][MT][RF_PS]
+    store_acc(part + (kg * MT + wm0) * RF_PS + wn0, RF_PS, acc, lane);
+    if (tid < MT) {  // row tid's statistics, summed in group order
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int g = 0; g < RF_KG; g++) s1 += sums[(g * MT + tid) * 2], s2 += sums[(g * MT + tid) * 2 + 1];
+        const float dmean = s1 / K;
+        stats[MT + tid] = dmean;
+        stats[2 * MT + tid] = 1.0f / sqrtf(fmaxf(s2 / K - dmean * dmean, 0.0f) + LN_EPS);
+    }
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < TM; i++) {
-        const int m = fin_m + 8 * i, n = n0 + fin_n;
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < RF_WARPS; w++) v += part[(w * MT + m) * (RF_BN + 1) + fin_n];
-        if (m < rows && n < N) epi_store(e, m0 + m, n, stats[MT + m] * (v - stats[m] * s_n));
+    for (int i = 0; i < MT / FIN_ROWS; i++) {
+        const int m = fin_m + FIN_ROWS * i;
+        const float *p = part + m * RF_PS + fin_n;
+        const float v = ((p[0] + p[MT * RF_PS]) + (p[2 * MT * RF_PS] + p[3 * MT * RF_PS])) +
+                        ((p[4 * MT * RF_PS] + p[5 * MT * RF_PS]) + (p[6 * MT * RF_PS] + p[7 * MT * RF_PS]));
+        if (m < rows && fin_ok)
+            epi_store(e_nb, m0 + m, n0 + fin_n, stats[2 * MT + m] * (v - stats[MT + m] * s_n) + b_n);
     }
 }
 
@@ -1720,8 +1783,8 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 namespace lin {
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
-// fp32 with LayerNorm at 16-64 rows the fp32 rows kernel (1.1-2.1x the GEMV and the tiled kernel:
-// "Session 35"); bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
+// fp32 with LayerNorm at 16-64 rows the fp32 rows kernel (1.6-3.3x the GEMV and the tiled kernel:
+// "Session 36"); bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
 // CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
 // wins, and the engine goes there); else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
 // 8, then the tensor-core GEMV up to 16), 32 x 32 tiles up to 128 rows, then 128 x 128 tiles
@@ -1987,34 +2050,46 @@ inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma
     return cudaGetLastError();
 }
 
+// The fp32 rows kernel's columns a block: 24 where that takes fewer rounds of the SMs' work than 32
+// (N = 3072 on 132 SMs: 128 blocks of 24 columns, not 96 of 32), else 32; at 16 rows always 32 (its
+// warps split the columns in two halves of whole n8 tiles).
+inline int rows_f32_bn(int mt, int N, const DeviceInfo &d) {
+    auto work = [&](int bn) { return (long long)((N + bn - 1) / bn + d.sms - 1) / d.sms * bn; };
+    return mt >= 32 && work(24) < work(RF_BN) ? 24 : RF_BN;
+}
+
 // The fp32 rows kernel takes the call: K a multiple of 4 whose block fits in shared memory, x, W and
 // gamma 16-byte aligned, x's rows a multiple of 4 floats apart.
-inline bool rows_f32_fits(int M, int K, long long ldx, const void *x, const void *W, const float *gamma,
+inline bool rows_f32_fits(int M, int N, int K, long long ldx, const void *x, const void *W, const float *gamma,
                           const DeviceInfo &d) {
     const int mt = M <= 16 ? 16 : M <= 32 ? 32 : RF_MAX_ROWS;
-    return K % 4 == 0 && ldx % 4 == 0 && rf_smem_bytes(mt, K) <= d.smem_optin &&
+    return K % 4 == 0 && ldx % 4 == 0 && rf_smem_bytes(mt, rows_f32_bn(mt, N, d), K) <= d.smem_optin &&
            reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(gamma) % 16 == 0;
 }
 
-template <int MT>
+template <int MT, int BN>
 inline cudaError_t launch_rows_f32_mt(const float *x, long long ldx, const float *gamma, const float *W, int M, int N,
                                       int K, const Epilogue &e, cudaStream_t stream) {
-    const int smem = (int)rf_smem_bytes(MT, K);
-    auto kern = rows_f32_kernel<MT>;
+    const int smem = (int)rf_smem_bytes(MT, BN, K);
+    auto kern = rows_f32_kernel<MT, BN>;
     static int done[16];
     cudaError_t err = allow_smem(kern, smem, done);
     for (int m0 = 0; err == cudaSuccess && m0 < M; m0 += MT)
-        err = launch_pdl(kern, dim3((N + RF_BN - 1) / RF_BN), dim3(RF_THREADS), smem, stream, x, ldx, gamma, W, m0, M,
-                         N, K, e);
+        err = launch_pdl(kern, dim3((N + BN - 1) / BN), dim3(RF_THREADS), smem, stream, x, ldx, gamma, W, m0, M, N, K,
+                         e);
     return err;
 }
 
 inline cudaError_t launch_rows_f32(const float *x, long long ldx, const float *gamma, const float *W, int M, int N,
-                                   int K, const Epilogue &e, cudaStream_t stream) {
-    if (M <= 16) return launch_rows_f32_mt<16>(x, ldx, gamma, W, M, N, K, e, stream);
-    if (M <= 32) return launch_rows_f32_mt<32>(x, ldx, gamma, W, M, N, K, e, stream);
-    return launch_rows_f32_mt<RF_MAX_ROWS>(x, ldx, gamma, W, M, N, K, e, stream);
+                                   int K, const Epilogue &e, const DeviceInfo &d, cudaStream_t stream) {
+    if (M <= 16) return launch_rows_f32_mt<16, RF_BN>(x, ldx, gamma, W, M, N, K, e, stream);
+    if (M <= 32)
+        return rows_f32_bn(32, N, d) == 24 ? launch_rows_f32_mt<32, 24>(x, ldx, gamma, W, M, N, K, e, stream)
+                                           : launch_rows_f32_mt<32, RF_BN>(x, ldx, gamma, W, M, N, K, e, stream);
+    return rows_f32_bn(RF_MAX_ROWS, N, d) == 24
+               ? launch_rows_f32_mt<RF_MAX_ROWS, 24>(x, ldx, gamma, W, M, N, K, e, stream)
+               : launch_rows_f32_mt<RF_MAX_ROWS, RF_BN>(x, ldx, gamma, W, M, N, K, e, stream);
 }
 
 template <bool LN>
@@ -2027,12 +2102,12 @@ inline cudaError_t launch_linear(const void *x, long long ldx, const float *gamm
     const bool cluster_ok = LN && w_bf16 && cluster_plan(M, N, K, d, &plan);
     SkinnyPlan splan = {};
     const bool skinny_ok = !LN && w_bf16 && skinny_plan(M, N, K, d, &splan);
-    const bool rows_f32_ok = LN && !w_bf16 && rows_f32_fits(M, K, ldx, x, W, gamma, d);
+    const bool rows_f32_ok = LN && !w_bf16 && rows_f32_fits(M, N, K, ldx, x, W, gamma, d);
     if (path == LINEAR_PATH_AUTO)
         path = auto_path(M, N, w_bf16, LN, w_bf16 && gemv_tc_fits<LN>(M, K, d), cluster_ok, skinny_ok, rows_f32_ok, d);
     if (path == LINEAR_PATH_ROWS_F32) {  // fp32 with the LayerNorm
         if (!rows_f32_ok) return cudaErrorInvalidValue;
-        return launch_rows_f32((const float *)x, ldx, gamma, (const float *)W, M, N, K, e, stream);
+        return launch_rows_f32((const float *)x, ldx, gamma, (const float *)W, M, N, K, e, d, stream);
     }
     if (path == LINEAR_PATH_CLUSTER) {  // bf16 with the LayerNorm
         if (!cluster_ok)

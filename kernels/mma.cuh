@@ -1,7 +1,7 @@
 // The few PTX wrappers the tensor-core and cp.async kernels share (fused_attention.cu,
-// linear_kernels.cuh): asynchronous 16-byte copies into shared memory, ldmatrix, and the bf16
-// m16n8k16 MMA with fp32 accumulators, and the store of its accumulator tiles. All of them exist from
-// sm_80 on.
+// linear_kernels.cuh): asynchronous 16-byte copies into shared memory, ldmatrix, the bf16 m16n8k16
+// and tf32 m16n8k8 MMAs with fp32 accumulators, and the store of their accumulator tiles. All of them
+// exist from sm_80 on.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,4 +56,25 @@ __device__ __forceinline__ void store_acc(float *dst, int ld, const float (&acc)
             for (int j = 0; j < NI; j++)
                 *reinterpret_cast<float2 *>(dst + (i * 16 + gid + 8 * h) * ld + j * 8 + 2 * tig) =
                     make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+}
+
+// x rounded to the nearest tf32 (ties away from zero), as the b32 operand of a tf32 MMA: half an ulp of
+// tf32's 10-bit mantissa added to the bits, the 13 low bits cleared. Two integer instructions where
+// cvt.rna.tf32.f32 takes four on sm_90 (it also keeps NaN payloads and infinities apart, which
+// finite weights and activations do not need).
+__device__ __forceinline__ uint32_t to_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// x = hi + lo to about 22 bits, both tf32 (the "3xTF32" split: hi * hi + hi * lo + lo * hi carries
+// fp32-level error on tensor cores). x - hi is exact in fp32.
+__device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo) {
+    hi = to_tf32(x);
+    lo = to_tf32(x - __uint_as_float(hi));
+}
+
+// d += a (16x8, row) * b (8x8, col), tf32 in, fp32 accumulate.
+__device__ __forceinline__ void mma_tf32_1688(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
