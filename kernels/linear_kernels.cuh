@@ -1474,8 +1474,9 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 // a third of the SMs idle and wait on every K step (33 us at 64 rows), and cuBLAS's SGEMM alone
 // takes 13.0-21.3 us. Measured speed and what limits it: docs/PERF.md, "Session 36". Here:
 //   - a block owns BN = 32 output columns (24 where that fills more of the SMs: N = 3072 on 132) and
-//     all of K: its W slice (32 x K fp32, 96 KB at K = 768) arrives by cp.async before the PDL wait,
-//     with gamma;
+//     all of K: its W slice (32 x K fp32, 96 KB at K = 768) stays in shared memory; its first chunk of
+//     128 k arrives by cp.async before the PDL wait, with gamma, then each chunk with x's chunk before
+//     it, so the MMAs start once the first chunks land, not all of W;
 //   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of RF_RING_ROWS / MT
 //     slots (all of K = 768 at 16 rows, the next chunk at 64), each slot refilled as it frees up;
 //   - every row is shifted by the mean of its first chunk, and its statistics are taken in one pass
@@ -1540,27 +1541,29 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     float *Ws = rf_smem;                              // [BN][ws]
     float *xs = Ws + BN * ws;                         // [NB][MT][RF_XS]
     float *gs = xs + rf_ring_floats(MT);              // [nch * RF_KC], zero past K
-    float *stats = gs + nch * RF_KC;                  // the rows' shifts [MT], then dmean [MT], rstd [MT]
+    float *stats = gs + nch * RF_KC;                  // the rows' shifts [MT]; after the loop dmean, rstd [2][MT]
     float *sums = stats + 2 * MT;                     // [RF_KG][MT][2]: sum d, sum d^2
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n0 = blockIdx.x * BN, rows = min(MT, M - m0);
 
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
-    // Weights before the wait: W's BN rows (zero past N and K), gamma (zero past K), and the s_n and b'_n
-    // of the column this thread finishes. Warp w copies rows w and w + 16, a lane 16 bytes of each 128 k
-    // (zeros past K: the padding may hold NaNs).
+    // W's chunk c, the 128 k of its BN rows (zeros past N and K: the padding may hold NaNs): warp w copies
+    // rows w and w + 16, a lane 16 bytes.
     static_assert(BN <= 2 * RF_WARPS, "two W rows a warp at most");
+    auto load_w = [&](int c) {
+        if (c >= nch) return;
+        const int k = c * RF_KC + 4 * lane;
 #pragma unroll
-    for (int r = warp; r < BN; r += RF_WARPS) {
-        const bool row_ok = n0 + r < N;
-        const float *src = W + (size_t)(row_ok ? n0 + r : 0) * K + 4 * lane;
-        float *dst = Ws + r * ws + 4 * lane;
-        for (int k = 0; k < nch * RF_KC; k += RF_KC) {
-            const bool ok = row_ok && k + 4 * lane < K;
-            cp_async16(dst + k, ok ? src + k : W, ok ? 16 : 0);
+        for (int r = warp; r < BN; r += RF_WARPS) {
+            const bool ok = n0 + r < N && k < K;
+            cp_async16(Ws + r * ws + k, ok ? W + (size_t)(n0 + r) * K + k : W, ok ? 16 : 0);
         }
-    }
+    };
+    // Before the wait: W's first chunk, gamma (zero past K), and the s_n and b'_n of the column this
+    // thread finishes. The rest of W comes a chunk ahead of x's (below), so the MMAs start as soon as
+    // the first chunks land, not all of W.
+    load_w(0);
     for (int k = 4 * tid; k < nch * RF_KC; k += 4 * RF_THREADS)
         cp_async16(gs + k, k < K ? gamma + k : gamma, k < K ? 16 : 0);
     cp_async_commit();
@@ -1572,9 +1575,11 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     e_nb.bias = nullptr;
     pdl_wait();
 
-    // Chunk c of x's rows, one commit group (empty past K): warp w copies rows w + 16 i, a lane 16 bytes.
+    // Chunk c of x's rows and W's chunk c + 1, one commit group (empty past K): warp w copies x's rows
+    // w + 16 i, a lane 16 bytes.
     const float *x_lane = x + (size_t)(m0 + warp) * ldx + 4 * lane;
     auto load_chunk = [&](int c) {
+        load_w(c + 1);
         if (c < nch) {
             const bool k_ok = c * RF_KC + 4 * lane < K;
             float *dst = xs + (c % NB) * MT * RF_XS + warp * RF_XS + 4 * lane;
@@ -1590,9 +1595,9 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
 #pragma unroll 1
     for (int c = 0; c < NB; c++) load_chunk(c);
 
-    // Committed: W and gamma, then chunks up to max(c + NB - 2, NB - 1) (the first NB, then one an
-    // iteration from c = 1), so chunk c has landed once at most NB - 2 groups are pending (at c = 0
-    // that waits for chunk 1 too).
+    // Committed: W's chunk 0 and gamma, then chunks up to max(c + NB - 2, NB - 1) (the first NB, then
+    // one an iteration from c = 1), so chunk c (and W's chunk c + 1) has landed once at most NB - 2
+    // groups are pending (at c = 0 that waits for chunk 1 too).
     cp_async_wait<NB - 2>();
     __syncthreads();
     {  // each row's shift: the mean of its first chunk (zeros past K add nothing)
@@ -1709,8 +1714,8 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
 #pragma unroll
         for (int g = 0; g < RF_KG; g++) s1 += sums[(g * MT + tid) * 2], s2 += sums[(g * MT + tid) * 2 + 1];
         const float dmean = s1 / K;
-        stats[MT + tid] = dmean;
-        stats[2 * MT + tid] = 1.0f / sqrtf(fmaxf(s2 / K - dmean * dmean, 0.0f) + LN_EPS);
+        stats[tid] = dmean;
+        stats[MT + tid] = 1.0f / sqrtf(fmaxf(s2 / K - dmean * dmean, 0.0f) + LN_EPS);
     }
     __syncthreads();
 #pragma unroll
@@ -1720,7 +1725,7 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
         const float v = ((p[0] + p[MT * RF_PS]) + (p[2 * MT * RF_PS] + p[3 * MT * RF_PS])) +
                         ((p[4 * MT * RF_PS] + p[5 * MT * RF_PS]) + (p[6 * MT * RF_PS] + p[7 * MT * RF_PS]));
         if (m < rows && fin_ok)
-            epi_store(e_nb, m0 + m, n0 + fin_n, stats[2 * MT + m] * (v - stats[MT + m] * s_n) + b_n);
+            epi_store(e_nb, m0 + m, n0 + fin_n, stats[MT + m] * (v - stats[m] * s_n) + b_n);
     }
 }
 
