@@ -30,8 +30,8 @@
 // mean is large against its spread loses the variance in E[x^2] - E[x]^2, and W.x - mean * s_n
 // subtracts two large numbers; worse, with bf16 operands the rounding of gamma * x is relative to
 // |x|, not to the spread, so an offset row would be multiplied with errors of |mean| * 2^-9. So
-// every row is shifted by c = the mean of its first min(K, BK) elements (BK = 32 bf16, 16 fp32),
-// known after the first tile: the kernel accumulates d = x - c, sum d, sum d^2 and
+// every row is shifted by c = the mean of its first min(K, BK) elements (BK = 32 bf16, 16 fp32; the
+// fp32 rows kernel: 128), known after the first tile: the kernel accumulates d = x - c, sum d, sum d^2 and
 // sum_k W_nk gamma_k d_k (gamma * d rounded to bf16 for the tensor cores), and uses
 //   dmean = sum d / K,  var = sum d^2 / K - dmean^2,  y_n = act(rstd * (acc_n - dmean * s_n) + b'_n)
 // which is the same function (mean = c + dmean) with every term of the size of the spread as long
@@ -71,9 +71,10 @@ typedef enum { ACT_NONE = 0, ACT_GELU = 1 } Activation;
 //   ROWS      bf16 W and y, plain output, with the LayerNorm only: gemm_rows_ln (gemm_rows.h; Hopper,
 //             M <= 64, K <= 1024; else cudaErrorNotSupported), each block normalising its rows into
 //             the tile its wgmmas read
-//   ROWS_F32  fp32 W with the LayerNorm only: 32 columns of W a block in shared memory before the PDL
-//             wait, x's rows in chunks, FFMA (K a multiple of 4 whose block fits, ldx a multiple of
-//             4, 16-byte aligned x, W and gamma; else cudaErrorInvalidValue), rows in slices of 64
+//   ROWS_F32  fp32 W with the LayerNorm only: 24-32 columns of W a block in shared memory, x's rows
+//             in chunks, 3xTF32 tensor cores with fp32-level error (K a multiple of 4 whose block
+//             fits, ldx a multiple of 4, 16-byte aligned x, W and gamma; else cudaErrorInvalidValue),
+//             rows in slices of 64
 typedef enum {
     LINEAR_PATH_AUTO = 0,
     LINEAR_PATH_GEMV = 1,

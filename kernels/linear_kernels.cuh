@@ -25,8 +25,10 @@
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
 //                   shared memory before the MMAs.
-//   rows_f32_kernel fp32 with LN, 16 <= M <= 64: a block's 32 columns of W in shared memory before
-//                   the PDL wait, x's rows streamed in chunks with exact chunked statistics, FFMA.
+//   rows_f32_kernel fp32 with LN, 16 <= M <= 64: a block's 24-32 columns of W in shared memory, a
+//                   chunk ahead of x's chunks; x normalised in registers as the MMAs' A fragments
+//                   are built (the tiled kernels' shifted statistics); 3xTF32 mma.sync (fp32-level
+//                   error on tensor cores).
 //   simt_kernel     fp32, larger M: register-tiled FFMA (no TF32: the fp32 path must match fp32
 //                   references to 1e-5), same LN handling as tc_kernel.
 // Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear", "Session 4"
@@ -1475,8 +1477,8 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 // takes 13.0-21.3 us. Measured speed and what limits it: docs/PERF.md, "Session 36". Here:
 //   - a block owns BN = 32 output columns (24 where that fills more of the SMs: N = 3072 on 132) and
 //     all of K: its W slice (32 x K fp32, 96 KB at K = 768) stays in shared memory; its first chunk of
-//     128 k arrives by cp.async before the PDL wait, with gamma, then each chunk with x's chunk before
-//     it, so the MMAs start once the first chunks land, not all of W;
+//     128 k arrives by cp.async before the PDL wait, with gamma, then chunk c + 1 with x's chunk c, so
+//     the MMAs start once the first chunks land, not all of W;
 //   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of RF_RING_ROWS / MT
 //     slots (all of K = 768 at 16 rows, the next chunk at 64), each slot refilled as it frees up;
 //   - every row is shifted by the mean of its first chunk, and its statistics are taken in one pass
