@@ -22,8 +22,10 @@
 //   bf16, 4 < M <= 32 on sm_90 and later: the cluster GEMV. The same exact statistics and
 //             tensor cores, with the rows of x staged once per cluster of 8 blocks (distributed
 //             shared memory) instead of once per block.
+//   fp32 W, 16 <= M <= 64: the fp32 rows kernel. W's columns in shared memory, x normalised in
+//             registers as it becomes the MMAs' operand, 3xTF32 tensor cores (fp32-level error).
 //   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
-//             (no TF32), cp.async rings; the x tile each K step loads also feeds the row
+//             (no plain TF32), cp.async rings; the x tile each K step loads also feeds the row
 //             statistics; the formula above is applied in the epilogue.
 //
 // Numerics of the tiled kernels. The plain one-pass form fails where GPT-2 needs it: a row whose
@@ -31,7 +33,8 @@
 // subtracts two large numbers; worse, with bf16 operands the rounding of gamma * x is relative to
 // |x|, not to the spread, so an offset row would be multiplied with errors of |mean| * 2^-9. So
 // every row is shifted by c = the mean of its first min(K, BK) elements (BK = 32 bf16, 16 fp32; the
-// fp32 rows kernel: 128), known after the first tile: the kernel accumulates d = x - c, sum d, sum d^2 and
+// fp32 rows kernel: 128), known after the first tile: the kernel accumulates d = x - c, sum d,
+// sum d^2 and
 // sum_k W_nk gamma_k d_k (gamma * d rounded to bf16 for the tensor cores), and uses
 //   dmean = sum d / K,  var = sum d^2 / K - dmean^2,  y_n = act(rstd * (acc_n - dmean * s_n) + b'_n)
 // which is the same function (mean = c + dmean) with every term of the size of the spread as long

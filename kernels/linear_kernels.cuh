@@ -29,7 +29,7 @@
 //                   chunk ahead of x's chunks; x normalised in registers as the MMAs' A fragments
 //                   are built (the tiled kernels' shifted statistics); 3xTF32 mma.sync (fp32-level
 //                   error on tensor cores).
-//   simt_kernel     fp32, larger M: register-tiled FFMA (no TF32: the fp32 path must match fp32
+//   simt_kernel     fp32, larger M: register-tiled FFMA (no plain TF32: the fp32 path must match fp32
 //                   references to 1e-5), same LN handling as tc_kernel.
 // Measured speed and what is still slow: docs/PERF.md, "Fused LayerNorm + Linear", "Session 4"
 // and "Session 10".
@@ -1476,7 +1476,7 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 // a third of the SMs idle and wait on every K step (33 us at 64 rows), and cuBLAS's SGEMM alone
 // takes 13.0-21.3 us. Measured speed and what limits it: docs/PERF.md, "Session 36". Here:
 //   - a block owns BN = 32 output columns (24 where that fills more of the SMs: N = 3072 on 132) and
-//     all of K: its W slice (32 x K fp32, 96 KB at K = 768) stays in shared memory; its first chunk of
+//     all of K: its W slice (BN x K fp32, 72-96 KB at K = 768) stays in shared memory; its first chunk of
 //     128 k arrives by cp.async before the PDL wait, with gamma, then chunk c + 1 with x's chunk c, so
 //     the MMAs start once the first chunks land, not all of W;
 //   - after the wait x's rows arrive in chunks of RF_KC = 128 k into a ring of RF_RING_ROWS / MT
@@ -1490,7 +1490,7 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 //   - the products are three tf32 MMAs, a_lo b_hi + a_hi b_lo + a_hi b_hi with a = a_hi + a_lo
 //     (mma.cuh's split_tf32): about fp32's error (the dropped a_lo b_lo is 2^-22 of the product), at
 //     three times the MMAs of plain TF32, which is off by 2^-11;
-//   - at the end the k groups' partial tiles and sums meet in shared memory, summed in group order
+//   - at the end the k groups' partial tiles and sums meet in shared memory, summed in a fixed order
 //     (the same bits every run).
 
 constexpr int RF_BN = 32;                  // output columns a block, at most (24 where that fills more SMs)
@@ -1516,8 +1516,8 @@ __host__ __device__ constexpr int rf_ring_floats(int mt) {
     return RF_RING_ROWS * RF_XS > RF_KG * mt * RF_PS ? RF_RING_ROWS * RF_XS : RF_KG * mt * RF_PS;
 }
 
-// Shared memory of a block, bytes: W [bn][rf_ws(K)], the ring, gamma [K rounded to a chunk], the
-// rows' shifts, then statistics [2][mt], and the k groups' sums [RF_KG][mt][2].
+// Shared memory of a block, bytes: W [bn][rf_ws(K)], the ring, gamma [K rounded to a chunk], [2][mt]
+// for the rows' shifts and then their dmean and rstd, and the k groups' sums [RF_KG][mt][2].
 __host__ __device__ constexpr long long rf_smem_bytes(int mt, int bn, int K) {
     return 4LL * ((long long)bn * rf_ws(K) + rf_ring_floats(mt) + (K + RF_KC - 1) / RF_KC * RF_KC + 2 * mt +
                   RF_KG * mt * 2);
@@ -1598,9 +1598,9 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     for (int c = 0; c < NB; c++) load_chunk(c);
 
     // Committed: W's chunk 0 and gamma, then chunks up to max(c + NB - 2, NB - 1) (the first NB, then
-    // one an iteration from c = 1), so chunk c (and W's chunk c + 1) has landed once at most NB - 2
-    // groups are pending (at c = 0 that waits for chunk 1 too).
-    cp_async_wait<NB - 2>();
+    // one an iteration from c = 1). Chunk 0 (with W's chunks 0 and 1) has landed once at most NB - 1
+    // groups are pending; in the loop, chunk c (and W's chunk c + 1) once at most NB - 2 are.
+    cp_async_wait<NB - 1>();
     __syncthreads();
     {  // each row's shift: the mean of its first chunk (zeros past K add nothing)
         const int r = tid / TPR, p = tid % TPR;
@@ -1711,7 +1711,7 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     __syncthreads();  // every warp is done with the chunks (their space takes the partial tiles) and the shifts
     float *part = xs;  // [RF_KG][MT][RF_PS]
     store_acc(part + (kg * MT + wm0) * RF_PS + wn0, RF_PS, acc, lane);
-    if (tid < MT) {  // row tid's statistics, summed in group order
+    if (tid < MT) {  // row tid's statistics, summed in a fixed order
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int g = 0; g < RF_KG; g++) s1 += sums[(g * MT + tid) * 2], s2 += sums[(g * MT + tid) * 2 + 1];
@@ -1720,14 +1720,14 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
         stats[MT + tid] = 1.0f / sqrtf(fmaxf(s2 / K - dmean * dmean, 0.0f) + LN_EPS);
     }
     __syncthreads();
+    if (!fin_ok) return;  // lanes past BN or N (no barrier follows)
 #pragma unroll
     for (int i = 0; i < MT / FIN_ROWS; i++) {
         const int m = fin_m + FIN_ROWS * i;
         const float *p = part + m * RF_PS + fin_n;
         const float v = ((p[0] + p[MT * RF_PS]) + (p[2 * MT * RF_PS] + p[3 * MT * RF_PS])) +
                         ((p[4 * MT * RF_PS] + p[5 * MT * RF_PS]) + (p[6 * MT * RF_PS] + p[7 * MT * RF_PS]));
-        if (m < rows && fin_ok)
-            epi_store(e_nb, m0 + m, n0 + fin_n, stats[MT + m] * (v - stats[m] * s_n) + b_n);
+        if (m < rows) epi_store(e_nb, m0 + m, n0 + fin_n, stats[MT + m] * (v - stats[m] * s_n) + b_n);
     }
 }
 
@@ -1790,8 +1790,8 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 namespace lin {
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
-// fp32 with LayerNorm at 16-64 rows the fp32 rows kernel (1.6-3.3x the GEMV and the tiled kernel:
-// "Session 36"); bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
+// fp32 with LayerNorm at 16-64 rows the fp32 rows kernel (1.6-3.5x the GEMV and the tiled kernel:
+// "Sessions 35-36"); bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
 // CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
 // wins, and the engine goes there); else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
 // 8, then the tensor-core GEMV up to 16), 32 x 32 tiles up to 128 rows, then 128 x 128 tiles
@@ -2057,9 +2057,9 @@ inline cudaError_t launch_simt(const float *x, long long ldx, const float *gamma
     return cudaGetLastError();
 }
 
-// The fp32 rows kernel's columns a block: 24 where that takes fewer rounds of the SMs' work than 32
-// (N = 3072 on 132 SMs: 128 blocks of 24 columns, not 96 of 32), else 32; at 16 rows always 32 (its
-// warps split the columns in two halves of whole n8 tiles).
+// The fp32 rows kernel's columns a block: 24 where that leaves less work on the busiest SM (rounds of
+// blocks x columns) than 32 (N = 3072 on 132 SMs: one round either way, 24 columns an SM, not 32),
+// else 32; at 16 rows always 32 (its warps split the columns in two halves of whole n8 tiles).
 inline int rows_f32_bn(int mt, int N, const DeviceInfo &d) {
     auto work = [&](int bn) { return (long long)((N + bn - 1) / bn + d.sms - 1) / d.sms * bn; };
     return mt >= 32 && work(24) < work(RF_BN) ? 24 : RF_BN;

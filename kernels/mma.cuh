@@ -60,8 +60,9 @@ __device__ __forceinline__ void store_acc(float *dst, int ld, const float (&acc)
 
 // x rounded to the nearest tf32 (ties away from zero), as the b32 operand of a tf32 MMA: half an ulp of
 // tf32's 10-bit mantissa added to the bits, the 13 low bits cleared. Two integer instructions where
-// cvt.rna.tf32.f32 takes four on sm_90 (it also keeps NaN payloads and infinities apart, which
-// finite weights and activations do not need).
+// cvt.rna.tf32.f32 takes four on sm_90, for finite x only: a NaN whose low mantissa bits are all ones
+// (CUDA's canonical 0x7fffffff) carries into the sign and becomes -0. Its user (rows_f32_kernel)
+// still returns NaN for NaN inputs: a NaN in x reaches the row statistics, one in W or gamma s_n.
 __device__ __forceinline__ uint32_t to_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 // x = hi + lo to about 22 bits, both tf32 (the "3xTF32" split: hi * hi + hi * lo + lo * hi carries
 // fp32-level error on tensor cores). x - hi is exact in fp32.

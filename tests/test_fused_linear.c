@@ -632,16 +632,19 @@ int main(void) {
     } else {
         test_skip("fused linear, rows path", "gemm_rows_ln needs an sm_90 device and an sm_90a build");
     }
-    // The fp32 rows kernel: GPT-2 124M's qkv and fc at 2, 16 and 64 rows (fc in blocks of 24 columns)
-    // and 355M's fc (K = 1024) at 33, partial column blocks of 32 and 24 with K ending inside a chunk
-    // (W's row padding then read as zeros), each launch's row tile (16, 32, 64), more rows than a launch
-    // takes (slices of 64) with K past one chunk, strided rows, offset rows and outlier channels, GELU
-    // or not.
-    const int fshapes[][5] = {{2, 2304, 768, ACT_NONE, DATA_OUTLIER}, {16, 3072, 768, ACT_GELU, DATA_OFFSET},
+    // The fp32 rows kernel: GPT-2 124M's qkv and fc at 2, 16 and 64 rows and 355M's fc (K = 1024) at 32
+    // and 33; each launch's tile of rows (16, 32, 64) with each block width (32, 24: on 132 SMs,
+    // 24 from 32 rows where N < ~3200) and a partial last column block; K ending inside a chunk (W's
+    // row padding then read as zeros) with the ring wrapping; more rows than a launch takes (slices of
+    // 64); strided rows, offset rows and outlier channels, GELU or not. The small set (sanitizers)
+    // starts at index 7.
+    const int fshapes[][5] = {{2, 2304, 768, ACT_NONE, DATA_OUTLIER},  {16, 3072, 768, ACT_GELU, DATA_OFFSET},
                               {64, 3072, 768, ACT_GELU, DATA_OUTLIER}, {33, 4096, 1024, ACT_NONE, DATA_NORMAL},
-                              {5, 77, 100, ACT_GELU, DATA_OFFSET},     {130, 300, 388, ACT_NONE, DATA_OUTLIER},
-                              {40, 70, 120, ACT_GELU, DATA_NORMAL},    {24, 200, 264, ACT_GELU, DATA_OFFSET}};
-    for (int si = small ? 4 : 0; si < 8; si++)
+                              {32, 4096, 1024, ACT_GELU, DATA_OUTLIER}, {20, 4100, 900, ACT_NONE, DATA_OFFSET},
+                              {40, 4100, 900, ACT_GELU, DATA_OUTLIER},  {5, 77, 100, ACT_GELU, DATA_OFFSET},
+                              {130, 300, 388, ACT_NONE, DATA_OUTLIER},  {40, 70, 120, ACT_GELU, DATA_NORMAL},
+                              {24, 200, 264, ACT_GELU, DATA_OFFSET}};
+    for (int si = small ? 7 : 0; si < 11; si++)
         for (int strided = 0; strided < 2; strided++) {
             LnCase c = {0};
             c.M = fshapes[si][0], c.N = fshapes[si][1], c.K = fshapes[si][2], c.act = (Activation)fshapes[si][3];
