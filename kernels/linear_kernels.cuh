@@ -1577,11 +1577,10 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     e_nb.bias = nullptr;
     pdl_wait();
 
-    // Chunk c of x's rows and W's chunk c + 1, one commit group (empty past K): warp w copies x's rows
+    // Chunk c of x's rows, then W's chunk c + 1, two commit groups (empty past K): warp w copies x's rows
     // w + 16 i, a lane 16 bytes.
     const float *x_lane = x + (size_t)(m0 + warp) * ldx + 4 * lane;
     auto load_chunk = [&](int c) {
-        load_w(c + 1);
         if (c < nch) {
             const bool k_ok = c * RF_KC + 4 * lane < K;
             float *dst = xs + (c % NB) * MT * RF_XS + warp * RF_XS + 4 * lane;
@@ -1593,14 +1592,17 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
             }
         }
         cp_async_commit();
+        load_w(c + 1);
+        cp_async_commit();
     };
 #pragma unroll 1
     for (int c = 0; c < NB; c++) load_chunk(c);
 
-    // Committed: W's chunk 0 and gamma, then chunks up to max(c + NB - 2, NB - 1) (the first NB, then
-    // one an iteration from c = 1). Chunk 0 (with W's chunks 0 and 1) has landed once at most NB - 1
-    // groups are pending; in the loop, chunk c (and W's chunk c + 1) once at most NB - 2 are.
-    cp_async_wait<NB - 1>();
+    // Committed: W's chunk 0 and gamma, then x's chunk c and W's c + 1 for c up to max(c + NB - 2, NB - 1)
+    // (the first NB, then one an iteration from c = 1). x's chunk 0 (and W's chunk 0) has landed once
+    // at most 2 NB - 1 groups are pending; in the loop, x's chunk c (and W's chunk c) once at most
+    // 2 NB - 3 are: waiting for x's chunk does not wait for W's next one.
+    cp_async_wait<2 * NB - 1>();
     __syncthreads();
     {  // each row's shift: the mean of its first chunk (zeros past K add nothing)
         const int r = tid / TPR, p = tid % TPR;
@@ -1637,7 +1639,7 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
 
     for (int c = 0; c < nch; c++) {
         if (c > 0) {
-            cp_async_wait<NB - 2>();
+            cp_async_wait<2 * NB - 3>();
             __syncthreads();  // chunk c landed for all; every warp is done with chunk c - 1's slot
             load_chunk(c + NB - 1);
         }
