@@ -33,9 +33,8 @@
 // subtracts two large numbers; worse, with bf16 operands the rounding of gamma * x is relative to
 // |x|, not to the spread, so an offset row would be multiplied with errors of |mean| * 2^-9. So
 // every row is shifted by c = the mean of its first min(K, BK) elements (BK = 32 bf16, 16 fp32; the
-// fp32 rows kernel: 128), known after the first tile: the kernel accumulates d = x - c, sum d,
-// sum d^2 and
-// sum_k W_nk gamma_k d_k (gamma * d rounded to bf16 for the tensor cores), and uses
+// fp32 rows kernel: 128), known after the first tile: the kernel accumulates d = x - c, sum d, sum
+// d^2 and sum_k W_nk gamma_k d_k (gamma * d rounded to bf16 for the tensor cores), and uses
 //   dmean = sum d / K,  var = sum d^2 / K - dmean^2,  y_n = act(rstd * (acc_n - dmean * s_n) + b'_n)
 // which is the same function (mean = c + dmean) with every term of the size of the spread as long
 // as c is within a few standard deviations of the mean, which the mean of 16-32 values is (a row
