@@ -22,7 +22,7 @@
 //   bf16, 4 < M <= 32 on sm_90 and later: the cluster GEMV. The same exact statistics and
 //             tensor cores, with the rows of x staged once per cluster of 8 blocks (distributed
 //             shared memory) instead of once per block.
-//   fp32 W, 16 <= M <= 64: the fp32 rows kernel. W's columns in shared memory, x normalised in
+//   fp32 W, 9 <= M <= 64: the fp32 rows kernel. W's columns in shared memory, x normalised in
 //             registers as it becomes the MMAs' operand, 3xTF32 tensor cores (fp32-level error).
 //   M > 16    tiled: bf16 tensor cores (mma.sync m16n8k16, fp32 accumulate) or fp32 FFMA tiles
 //             (no plain TF32), cp.async rings; the x tile each K step loads also feeds the row

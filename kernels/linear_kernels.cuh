@@ -25,7 +25,7 @@
 //                   rings of W, x and gamma tiles. With LN the fp32 x tile is shifted, summed
 //                   (row statistics in the same K loop), scaled by gamma and rounded to bf16 in
 //                   shared memory before the MMAs.
-//   rows_f32_kernel fp32 with LN, 16 <= M <= 64: a block's 24-32 columns of W in shared memory, a
+//   rows_f32_kernel fp32 with LN, 9 <= M <= 64: a block's 24-32 columns of W in shared memory, a
 //                   chunk ahead of x's chunks; x normalised in registers as the MMAs' A fragments
 //                   are built (the tiled kernels' shifted statistics); 3xTF32 mma.sync (fp32-level
 //                   error on tensor cores).
@@ -1468,10 +1468,10 @@ simt_kernel(const float *__restrict__ x, long long ldx, const float *__restrict_
 }
 
 // ----------------------------------------------------------------------------
-// fp32 rows kernel: LayerNorm + Linear (+ GELU) for 16-64 rows of fp32 W, on tensor cores at fp32's
+// fp32 rows kernel: LayerNorm + Linear (+ GELU) for 9-64 rows of fp32 W, on tensor cores at fp32's
 // accuracy (3xTF32).
 //
-// At 16-64 rows of fp32 the FMA GEMV reads x from shared memory once per W row it multiplies
+// At 9-64 rows of fp32 the FMA GEMV reads x from shared memory once per W row it multiplies
 // (shared-memory bound: 12.95 us at 16 rows of 768 -> 3072 on an H200), the 32 x 64 tiles leave
 // a third of the SMs idle and wait on every K step (33 us at 64 rows), and cuBLAS's SGEMM alone
 // takes 13.0-21.3 us. Measured speed and what limits it: docs/PERF.md, "Session 36". Here:
@@ -1502,7 +1502,10 @@ constexpr int RF_XS = RF_KC + 16;          // a chunk row in shared memory: 16 m
 constexpr int RF_PS = RF_BN + 8;           // a row of a partial tile: 8 mod 32 floats
 constexpr int RF_RING_ROWS = 128;          // the ring of x chunks: RF_RING_ROWS / MT slots of MT rows
 constexpr int RF_MAX_ROWS = 64;            // rows a launch (more run as slices)
-constexpr int RF_FROM = 16;                // AUTO's fewest rows for it: below, the FMA GEMV is faster
+// AUTO's fewest rows for it: to 8 rows the FMA GEMV (8 rows a block) is as fast or faster, from 9 (16
+// rows a block) it takes 1.6x as long (H200, fp32 768 -> 2304 / 3072, 1024 -> 3072 / 4096: PERF.md,
+// "Session 36").
+constexpr int RF_FROM = 9;
 
 // W's row stride in shared memory: K rounded up to whole chunks (the last chunk's MMAs read all of
 // it: zeros past K), plus 16 floats. Rows 16 mod 32 floats apart (W's and the chunks') keep the
@@ -1792,7 +1795,7 @@ inline cudaError_t allow_smem(F *kernel, int bytes, int (&done)[16]) {
 namespace lin {
 
 // Auto routing, from tests/bench_fused_linear.c's sweep of every path on an H200 (docs/PERF.md):
-// fp32 with LayerNorm at 16-64 rows the fp32 rows kernel (1.6-3.5x the GEMV and the tiled kernel:
+// fp32 with LayerNorm at 9-64 rows the fp32 rows kernel (1.6-3.5x the GEMV and the tiled kernel:
 // "Sessions 35-36"); bf16 from 5 rows where the device has clusters, the cluster GEMV with LayerNorm (to
 // CL_LN_MAX_ROWS) and the skinny kernel without (to 64; past 32 rows LN + cuBLASLt or cuBLASLt
 // wins, and the engine goes there); else the FMA GEMV up to 16 rows (bf16 with LayerNorm: up to
