@@ -1575,9 +1575,9 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
     const int fin_n = lane, fin_m = warp;
     const bool fin_ok = fin_n < BN && n0 + fin_n < N;
     const float s_n = fin_ok ? __ldg(e.s + n0 + fin_n) : 0.0f;
-    const float b_n = fin_ok && e.bias ? __ldg(e.bias + n0 + fin_n) : 0.0f;
-    Epilogue e_nb = e;  // the bias added here, loaded now: epi_store's load would wait after every store
-    e_nb.bias = nullptr;
+    const float bias_n = fin_ok && e.bias ? __ldg(e.bias + n0 + fin_n) : 0.0f;
+    Epilogue e_nobias = e;  // the bias is added from bias_n, loaded now: epi_store's would wait on each store
+    e_nobias.bias = nullptr;
     pdl_wait();
 
     // Chunk c of x's rows, then W's chunk c + 1, two commit groups (empty past K): warp w copies x's rows
@@ -1732,7 +1732,7 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
         const float *p = part + m * RF_PS + fin_n;
         const float v = ((p[0] + p[MT * RF_PS]) + (p[2 * MT * RF_PS] + p[3 * MT * RF_PS])) +
                         ((p[4 * MT * RF_PS] + p[5 * MT * RF_PS]) + (p[6 * MT * RF_PS] + p[7 * MT * RF_PS]));
-        if (m < rows) epi_store(e_nb, m0 + m, n0 + fin_n, stats[MT + m] * (v - stats[m] * s_n) + b_n);
+        if (m < rows) epi_store(e_nobias, m0 + m, n0 + fin_n, stats[MT + m] * (v - stats[m] * s_n) + bias_n);
     }
 }
 
