@@ -284,22 +284,29 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
         cluster_wait();
     }
     trace_mark(TRACE_PHASE + 3);  // the epilogue starts (K split: the partial sums have arrived)
+    // Every value first, then the stores: with each value's chain inside its own bounds check, the
+    // chains ran one after another (a GELU's ~150 cycles each, ~1.2 us for 16 values a thread with
+    // one warp a scheduler to hide them; docs/PERF.md, "Session 37").
+    float v[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i), h = split ? 0 : (i >> 1) & 1;
-        if (t >= M || f >= N) continue;
-        float v = 0.0f;
-        if constexpr (split) {
+        v[i] = 0.0f;
+        if constexpr (split) {  // rows and columns past the tile's end are still inside the inbox
             const float *p = &inbox[(t - r0) * PSTR + f - f0 - kp * CW];  // rank 0's partial of (t, f)
 #pragma unroll
-            for (int r = 0; r < KS; r++) v += p[r * CW];
+            for (int r = 0; r < KS; r++) v[i] += p[r * CW];
         } else {
-            v = acc[i / 4][i % 4];
+            v[i] = acc[i / 4][i % 4];
         }
-        v += bias[h];
-        if (EPI == MATMUL_LT_BIAS_GELU) v = gelu_tanh(v);
-        if (residual) v += res[i];
-        static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v);
+        v[i] += bias[h];
+        if (EPI == MATMUL_LT_BIAS_GELU) v[i] = gelu_tanh(v[i]);
+        if (residual) v[i] += res[i];
+    }
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int t = row_of(i), f = col_of(i);
+        if (t < M && f < N) static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v[i]);
     }
 }
 
