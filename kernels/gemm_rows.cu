@@ -1,7 +1,8 @@
-// Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait, x's rows by
-// TMA after it, one wgmma warpgroup with W as the A operand, K split over a cluster's blocks where
-// the tile does not fit. gemm_rows_ln: x's rows fp32, normalised by the blocks themselves into the
-// same x tiles (LayerNorm + Linear in one kernel), shared over a cluster along the columns.
+// Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait (gemm_rows_ln
+// past 32 rows: after its loads of x), x's rows by TMA after it, one wgmma warpgroup with W as the
+// A operand, K split over a cluster's blocks where the tile does not fit. gemm_rows_ln: x's rows
+// fp32, normalised by the blocks themselves into the same x tiles (LayerNorm + Linear in one kernel),
+// shared over a cluster along the columns.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
@@ -52,11 +53,13 @@ struct Out {
     const void *bias;
 };
 
-// gemm_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K].
+// gemm_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K]; w_after_x: W's
+// copy issued after the block's loads of x, not before the PDL wait (pick_w_after_x).
 struct LnIn {
     const float *x;
     long long ldx;
     const float *gamma;
+    int w_after_x;
 };
 
 // gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6 or 8: rows
@@ -84,12 +87,13 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 // value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
 // more than 16 rows in one (docs/PERF.md, "Session 34").
 
-template <int RB, int VPL, int CN>
+// after_loads() is called once, as soon as the warp's first round of loads is issued.
+template <int RB, int VPL, int CN, typename AfterLoads>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn &in, const float4 (&g)[VPL], int r0,
-                                              int M, int K, int rank, int warp, int lane) {
+                                              int M, int K, int rank, int warp, int lane, AfterLoads after_loads) {
     constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
     constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
-    if (warp * RPW >= RBB) return;
+    if (warp * RPW >= RBB) return after_loads();
     uint32_t tile_in[CN];  // CN > 1: x_tiles in each block of the cluster (shared::cluster addresses)
 #pragma unroll
     for (int q = 0; q < CN; q++) tile_in[q] = CN > 1 ? cluster_map(x_tiles, q) : 0;
@@ -109,6 +113,7 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
             for (int i = 0; i < VPL; i++)
                 v[j][i] = t < M && 32 * i + lane < nq ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
+        if (rr == 0) after_loads();
         float mean[RR], rstd[RR];
 #pragma unroll
         for (int j = 0; j < RR; j++) {
@@ -198,15 +203,22 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
 
     pdl_launch_dependents();
     if constexpr (split || CN > 1) cluster_arrive_relaxed();  // "started": before any block stores into another
-    if (tid == 0) {  // a box is `per` slices from s0, those past K read as zeros (and counted)
+    auto load_w = [&] {  // thread 0: a box is `per` slices from s0, those past K read as zeros (and counted)
+        mbar_arrive_expect_tx(w_full, slices ? per * W_SLICE : 0);
+        if (slices) tma_load_slices(w_tiles, &w_map, s0, f0, w_full);
+    };
+    const bool w_after_x = LN && ln.w_after_x;
+    if (tid == 0) {
         mbar_init(w_full, 1);
         mbar_init(x_full, 1);
         mbar_fence_init();
         tma_prefetch_map(&w_map);
         if (!LN) tma_prefetch_map(&x_map);
-        mbar_arrive_expect_tx(w_full, slices ? per * W_SLICE : 0);  // nothing earlier in the step writes W
-        if (slices) tma_load_slices(w_tiles, &w_map, s0, f0, w_full);
+        if (!w_after_x) load_w();  // nothing earlier in the step writes W
     }
+    auto load_w_after_x = [&] {
+        if (w_after_x && tid == 0) load_w();
+    };
     // The values this thread finishes, the i-th at (row_of(i), col_of(i)).
     const int fa = f0 + 16 * warp + lane / 4;
     auto row_of = [&](int i) {
@@ -228,13 +240,14 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     pdl_wait();
 
     if constexpr (LN && CN == 1) {
-        stage_ln_rows<RB, VPL, 1>(x_tiles, ln, gamma, r0, M, K, 0, warp, lane);
+        stage_ln_rows<RB, VPL, 1>(x_tiles, ln, gamma, r0, M, K, 0, warp, lane, load_w_after_x);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
         if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
         cluster_wait();         // every block has started
-        stage_ln_rows<RB, VPL, CN>(x_tiles, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane);
+        stage_ln_rows<RB, VPL, CN>(x_tiles, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
+                                    load_w_after_x);
         fence_proxy_async_cluster();
         cluster_arrive();  // release: the rows are in every block's tile after the wait
         if (warp >= THREADS / 32) return;
@@ -418,6 +431,15 @@ int pick_rows(int M, int N, int K) {
 // gemm_rows_ln's rows a block: 16, or 32 past 16 rows (four rows a warp of the two warpgroups).
 int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
 
+// gemm_rows_ln's W before the PDL wait, or after the block's loads of x: after past 32 rows. There
+// the grid has two row tiles (each W tile read by two blocks) over 96-128 of the SMs, so a call's
+// blocks become resident mostly as the previous kernel's leave and W's copy, issued first, only
+// delays x's loads behind its bytes (the rows staged ~3.6 us after the release, against ~2.3 with
+// W after them). On an H200, 1024 -> 4096 at 48 / 64 rows 7.09 / 7.29 -> 6.62 / 6.57 us, 768 -> 3072
+// 4.93 / 5.13 -> 4.79 / 4.82; at 32 rows (one row tile, 48-64 blocks, resident early) 1024 -> 4096
+// went 5.21 -> 5.82 (docs/PERF.md, "Session 37").
+int pick_w_after_x(int M) { return M > 32; }
+
 // gemm_rows_ln's cluster along the columns: CN blocks side by side, each normalising RB / CN of the
 // rows into all CN blocks' x tiles, so that each row is read from L2 and normalised once per CN
 // column blocks (fp32 rows: at 64 rows of K = 768 the 96 blocks of one block a cluster read 9.4 MB
@@ -543,7 +565,7 @@ extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long lon
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     const Out out = {y, ldy, b_folded};
-    const LnIn ln = {x, ldx, gamma};
+    const LnIn ln = {x, ldx, gamma, pick_w_after_x(M)};
     const int rb = pick_ln_rows(M);
     return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, out, ln, W, M, N, K, stream)
                                       : launch_ln<MATMUL_LT_BIAS_GELU>(rb, out, ln, W, M, N, K, stream);

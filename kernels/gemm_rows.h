@@ -66,7 +66,8 @@ cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 // LayerNorm + Linear (+ GELU) in one kernel for a few rows (fused_ln_linear.h's function on Hopper):
 // y = epilogue(LayerNorm(x) W^T + b), the blocks normalising their rows of x into the tiles their
 // wgmmas read (exact two-pass statistics of whole rows, then gamma (x - mean) rstd in bf16) instead
-// of reading a LayerNorm kernel's output; the rest as gemm_rows (W's tile before the PDL wait). Two
+// of reading a LayerNorm kernel's output; the rest as gemm_rows (W's tile before the PDL wait, past 32
+// rows after the block's loads of x: gemm_rows.cu's pick_w_after_x). Two
 // warpgroups a block stage the rows, and past 16 rows (from 2 rows where K > 768) the 2 or 4 blocks
 // of a cluster along the columns share them: each normalises its part of the rows into all their
 // tiles (gemm_rows.cu, docs/PERF.md "Session 35").
