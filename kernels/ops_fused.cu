@@ -32,6 +32,8 @@
 //              rows), else cuBLASLt; logits_rows, and the GEMV where it takes the logits, also take
 //              greedy decoding's tokens
 //              (no sampler kernel after them)
+// Five in bf16 batched decode of 2-16 sequences on Hopper: there qkv and fc take their LayerNorm
+// inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -70,7 +72,8 @@
 //     before its wait ("Session 32"), the kernel from 2 rows against those epilogues: B=2 +6.5%,
 //     B=4 +7.6%, B=8 +4.6%, B=16 +1.5%, B=24 +2%, B=128 +11% ("Session 33"), and at one row against
 //     the cluster GEMV +4.3% ("Session 34"); gemm_rows_ln, the LayerNorm inside the product, lost to
-//     the kernel at every batch in this chain (B=1 -7%, B=64 -15%, "Session 34");
+//     the kernel at every batch in this chain (B=1 -7%, B=64 -15%, "Session 34"); since its
+//     epilogue's chains overlap it wins at 2-16 rows (LN_ROWS_TO below, "Session 37");
 //   - before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm + cuBLASLt: B=8
 //     18,040 vs 15,271, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64 95,609 vs 117,261
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
@@ -96,6 +99,11 @@
 // and went. Without them the LayerNorm kernel and gemm_rows beat the cluster GEMV at one row too
 // (B = 1 +4.3%, "Session 34").
 enum { GEMM_ROWS_FROM = 1 };
+// qkv and fc through gemm_rows_ln (the LayerNorm inside the product, gemm_rows.h) at 2-16 rows of
+// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 2 +2.2%, B = 8
+// +3.0%, B = 16 +1.7% on an H200; past 16 rows (its 32-row tiles) it lost 3-4% (B = 32-64), and at
+// one row 7% (docs/PERF.md, "Session 37", "Session 34"). GPT2_LN_ROWS=N takes it to N rows (0: never).
+enum { LN_ROWS_FROM = 2, LN_ROWS_TO = 16 };
 // The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
 // reads wte as fast, and runs no LayerNorm kernel).
 enum { LOGITS_ROWS_FROM = 2 };
@@ -116,6 +124,17 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     if (s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
     if (op == LINEAR_OP_PLAIN) return 0;
     return M >= GEMM_ROWS_FROM && rows >= GEMM_ROWS_FROM ? GEMM_ROWS_FROM - 1 : rows;
+}
+
+// Whether the many-row route's product of M rows to N columns (qkv or fc) takes its LayerNorm inside
+// (gemm_rows_ln), not from the LayerNorm kernel.
+static int ln_in_product(const GpuState *s, int M, int N) {
+    static int most = -2;  // -2: GPT2_LN_ROWS not read yet
+    if (most == -2) {
+        const char *env = getenv("GPT2_LN_ROWS");
+        most = env && *env ? atoi(env) : LN_ROWS_TO;
+    }
+    return s->dtype == DTYPE_BF16 && M >= LN_ROWS_FROM && M <= most && gemm_rows_ln_takes(M, N, s->C);
 }
 
 // A product of the many-row route: gemm_rows (bf16, a K that fits, on Hopper) where
@@ -173,20 +192,25 @@ static int logits_take_rows(const GpuState *s, int rows) {
 }
 
 // Layer 0's ln1 comes from the embedding kernel wherever its qkv takes the many-row route (prefill,
-// and batched decode from 2 rows on Hopper): that route's LayerNorm kernel and its boundary go
-// (docs/PERF.md, "Session 29"). The one place both ask.
+// and batched decode from 2 rows on Hopper) without the LayerNorm inside: that route's LayerNorm
+// kernel and its boundary go (docs/PERF.md, "Session 29"). The one place both ask.
 static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
-    return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C);
+    return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) && !ln_in_product(s, st->M, 3 * s->C);
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
-        if (l > 0 || !fused_embedding_writes_ln1(s, st))
-            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, s->dtype, s->stream));
-        if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M, 3 * s->C,
-                              s->C, NULL, err))
-            return -1;
+        if (ln_in_product(s, st->M, 3 * s->C)) {
+            CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->x, s->C, ly->ln1w, ly->qkvw, ly->qkv_b,
+                                  st->M, 3 * s->C, s->C, s->stream));
+        } else {
+            if (l > 0 || !fused_embedding_writes_ln1(s, st))
+                CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, s->dtype, s->stream));
+            if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M,
+                                  3 * s->C, s->C, NULL, err))
+                return -1;
+        }
         if (!attention_reads_qkv(s, st))
             CUDA_TRY(qkv_split(s->q, ly->k_cache, ly->v_cache, s->scratch, st->B, st->T, st->pos, st->pos_device,
                                s->NH, s->HS, s->max_seq, s->dtype, s->stream));
@@ -229,6 +253,11 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
+        if (ln_in_product(s, st->M, 4 * s->C)) {
+            CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->x, s->C, ly->ln2w, ly->fcw, ly->fc_b, st->M,
+                                  4 * s->C, s->C, s->stream));
+            return 0;
+        }
         CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
                               s->C, s->scratch, err))

@@ -546,7 +546,7 @@ int main(void) {
         // 40 rows in bf16: past the cluster GEMV, so the attention reads the many-row route's qkv
         // product (on Hopper gemm_rows's after the LayerNorm kernel).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 40, T, T / 3, DTYPE_BF16, 3e-2);
-        // 8 rows in bf16: on Hopper, the LayerNorm kernel, then gemm_rows, for qkv and fc (from 2 rows),
+        // 8 rows in bf16: on Hopper, qkv and fc through gemm_rows_ln (the LayerNorm inside, 2-16 rows),
         // and 2 rows: the fewest whose logits go through logits_rows (so does 8).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 8, T, T / 3, DTYPE_BF16, 3e-2);
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 2, T, T / 3, DTYPE_BF16, 3e-2);
