@@ -74,6 +74,11 @@ extern "C" int fused_ln_linear(const float *x, const float *ln_gamma, const void
                               LINEAR_PATH_AUTO, stream);
 }
 
+extern "C" int fused_ln_linear_rows_f32_takes(int M, int N, int K) {
+    lin::DeviceInfo d;
+    return !lin::device_info(&d) && M >= lin::RF_FROM && M <= lin::RF_MAX_ROWS && lin::rows_f32_shape_fits(M, N, K, d);
+}
+
 extern "C" int fused_linear_rows(DType wtype, LinearOp op) {
     lin::DeviceInfo d;
     if (lin::device_info(&d)) return 0;

@@ -102,6 +102,13 @@ typedef enum { LINEAR_OP_PLAIN = 0, LINEAR_OP_LN = 1, LINEAR_OP_LOGITS = 2 } Lin
 // the device cannot be queried.
 int fused_linear_rows(DType wtype, LinearOp op);
 
+// 1 when AUTO runs M rows of fp32 W with the LayerNorm, K -> N, on the fp32 rows kernel
+// (LINEAR_PATH_ROWS_F32: 9-64 rows whose block fits the device's shared memory, K a multiple of 4;
+// x, gamma and W 16-byte aligned, x's rows a multiple of 4 floats apart, as the engine's are). It
+// beats the LayerNorm kernel + cuBLAS there (1.5-2.4x on an H200), so the engine's fp32 LayerNorm
+// ops take it past fused_linear_rows' 16 rows.
+int fused_ln_linear_rows_f32_takes(int M, int N, int K);
+
 // QKV output mode (N = 3C, C = num_heads * head_size): column n < C is q, written to q [M, C]
 // (row m, ytype); columns C..2C-1 are k and 2C..3C-1 are v, written straight into this layer's
 // cache, each [B][num_heads][max_seq][head_size] (ytype): row m = b*T + t goes to position pos + t.

@@ -2070,14 +2070,17 @@ inline int rows_f32_bn(int mt, int N, const DeviceInfo &d) {
     return mt >= 32 && work(24) < work(RF_BN) ? 24 : RF_BN;
 }
 
-// The fp32 rows kernel takes the call: K a multiple of 4 whose block fits in shared memory, x, W and
-// gamma 16-byte aligned, x's rows a multiple of 4 floats apart.
+// The fp32 rows kernel takes the shape: K a multiple of 4 whose block fits in shared memory.
+inline bool rows_f32_shape_fits(int M, int N, int K, const DeviceInfo &d) {
+    const int mt = M <= 16 ? 16 : M <= 32 ? 32 : RF_MAX_ROWS;
+    return K % 4 == 0 && rf_smem_bytes(mt, rows_f32_bn(mt, N, d), K) <= d.smem_optin;
+}
+
+// ... and the call: x, W and gamma 16-byte aligned, x's rows a multiple of 4 floats apart.
 inline bool rows_f32_fits(int M, int N, int K, long long ldx, const void *x, const void *W, const float *gamma,
                           const DeviceInfo &d) {
-    const int mt = M <= 16 ? 16 : M <= 32 ? 32 : RF_MAX_ROWS;
-    return K % 4 == 0 && ldx % 4 == 0 && rf_smem_bytes(mt, rows_f32_bn(mt, N, d), K) <= d.smem_optin &&
-           reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(gamma) % 16 == 0;
+    return rows_f32_shape_fits(M, N, K, d) && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(W) % 16 == 0 && reinterpret_cast<uintptr_t>(gamma) % 16 == 0;
 }
 
 template <int MT, int BN>

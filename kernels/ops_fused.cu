@@ -85,9 +85,9 @@
 // elsewhere the GEMV to 4 rows, then cuBLASLt (gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64:
 // "Session 22").
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
-// docs/PERF.md, "Fused LayerNorm + Linear"; since session 36 the LayerNorm ops at 9-16 rows take the
-// fp32 rows kernel, and it beats LayerNorm + cuBLAS to 64 rows: moving this past 16 is not yet
-// measured in the engine).
+// docs/PERF.md, "Fused LayerNorm + Linear"), and the LayerNorm ops to 64 rows wherever the fp32 rows
+// kernel takes them (tensor cores, 3xTF32; it takes 9-16 rows from the GEMV already): 1.5-2.4x the
+// LayerNorm kernel + cuBLAS alone ("Session 36"), decode in the engine in "Session 37").
 // GPT2_FUSED_ROWS=N overrides all three (0: every step through the many-row route),
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
@@ -121,6 +121,8 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     const int rows = fused_linear_rows(s->dtype, op);
     if (op == LINEAR_OP_LOGITS)
         return s->dtype == DTYPE_BF16 && logits_rows_takes(M, K) ? LOGITS_ROWS_FROM - 1 : rows;
+    if (s->dtype == DTYPE_F32 && op == LINEAR_OP_LN && fused_ln_linear_rows_f32_takes(M, N, K))
+        return M;  // these rows stay on the fused op
     if (s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
     if (op == LINEAR_OP_PLAIN) return 0;
     return M >= GEMM_ROWS_FROM && rows >= GEMM_ROWS_FROM ? GEMM_ROWS_FROM - 1 : rows;
