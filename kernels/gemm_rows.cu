@@ -9,7 +9,8 @@
 //   x_tiles  the same slices of x's RB rows x 64 k (RB x 128 bytes each)
 //   inbox    K split (ks > 1): the cluster's partial sums of this block's CW = 64 / ks columns, fp32,
 //            [RB rows][ks ranks x CW columns], each rank's pushed there by that rank
-//   barriers one for all of W (before the wait), one for all of x (after it): each is one copy of
+//   barriers one for all of W (before the wait; gemm_rows_ln past 32 rows after its loads of x), one
+//            for all of x (after it): each is one copy of
 //            all the block's slices (tma.cuh's tensor_map_slices), which lands x sooner than a copy
 //            a slice with the MMAs started as each landed (docs/PERF.md, "Session 25")
 #include <stdint.h>
@@ -305,7 +306,7 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i), h = split ? 0 : (i >> 1) & 1;
         v[i] = 0.0f;
-        if constexpr (split) {  // rows and columns past the tile's end are still inside the inbox
+        if constexpr (split) {  // rows and columns past M and N are still inside the tile and the inbox
             const float *p = &inbox[(t - r0) * PSTR + f - f0 - kp * CW];  // rank 0's partial of (t, f)
 #pragma unroll
             for (int r = 0; r < KS; r++) v[i] += p[r * CW];

@@ -32,7 +32,7 @@
 //              rows), else cuBLASLt; logits_rows, and the GEMV where it takes the logits, also take
 //              greedy decoding's tokens
 //              (no sampler kernel after them)
-// Five in bf16 batched decode of 2-16 sequences on Hopper: there qkv and fc take their LayerNorm
+// Five at 2-16 rows in bf16 on Hopper (batched decode, short prompts): there qkv and fc take their LayerNorm
 // inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
@@ -87,7 +87,7 @@
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
 // docs/PERF.md, "Fused LayerNorm + Linear"), and the LayerNorm ops to 64 rows wherever the fp32 rows
 // kernel takes them (tensor cores, 3xTF32; it takes 9-16 rows from the GEMV already): 1.5-2.4x the
-// LayerNorm kernel + cuBLAS alone ("Session 36"), decode in the engine in "Session 37").
+// LayerNorm kernel + cuBLAS alone ("Session 36"; decode in the engine in "Session 37").
 // GPT2_FUSED_ROWS=N overrides all three (0: every step through the many-row route),
 // GPT2_FUSED_ROWS=N,P the ops with the LayerNorm (N) and the others (P) apart, GPT2_FUSED_ROWS=N,P,L
 // the logits (L) apart from the plain ops too, to measure the crossover (scripts/gpu_check.sh
@@ -100,9 +100,10 @@
 // (B = 1 +4.3%, "Session 34").
 enum { GEMM_ROWS_FROM = 1 };
 // qkv and fc through gemm_rows_ln (the LayerNorm inside the product, gemm_rows.h) at 2-16 rows of
-// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 2 +2.2%, B = 8
-// +3.0%, B = 16 +1.7% on an H200; past 16 rows (its 32-row tiles) it lost 3-4% (B = 32-64), and at
-// one row 7% (docs/PERF.md, "Session 37", "Session 34"). GPT2_LN_ROWS=N takes it to N rows (0: never).
+// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 2 +2.2-4.0%,
+// B = 4 +1.9%, B = 8 +2.6-3.0%, B = 16 +1.2-1.7% on an H200 (two A/B runs), short prompts even; past
+// 16 rows (its 32-row tiles) it lost 3-4% (B = 32-64), and at one row 7% (docs/PERF.md, "Session
+// 37", "Session 34"). GPT2_LN_ROWS=N takes it to N rows (0: never).
 enum { LN_ROWS_FROM = 2, LN_ROWS_TO = 16 };
 // The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
 // reads wte as fast, and runs no LayerNorm kernel).

@@ -542,7 +542,7 @@ int main(void) {
         }
         check_graph_decode(&m, tag, DTYPE_F32, 1, T, T / 3 > 0 ? T / 3 : 1);
         // 20 rows: the projections on cuBLAS; qkv and fc on the fp32 rows kernel where it takes them
-        // (Hopper, K a multiple of 4: "small"), else the LayerNorm kernel and cuBLAS ("odd", "tiny").
+        // (its block fits, K a multiple of 4: "small"), else the LayerNorm kernel and cuBLAS ("odd", "tiny").
         check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);
         if (i < 2) check_bf16(&m, tag, 2, T);
         // 40 rows in bf16: past the cluster GEMV, so the attention reads the many-row route's qkv
