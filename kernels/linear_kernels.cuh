@@ -1633,12 +1633,7 @@ rows_f32_kernel(const float *__restrict__ x, long long ldx, const float *__restr
             sum_d[i][h] = sum_d2[i][h] = 0.0f;
         }
     float acc[WMI][WNT][4];
-#pragma unroll
-    for (int i = 0; i < WMI; i++)
-#pragma unroll
-        for (int j = 0; j < WNT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    zero_acc(acc);
 
     for (int c = 0; c < nch; c++) {
         if (c > 0) {
