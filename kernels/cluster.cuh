@@ -28,7 +28,7 @@ __device__ __forceinline__ void cluster_arrive() { CLUSTER_ASM("barrier.cluster.
 __device__ __forceinline__ void cluster_wait() { CLUSTER_ASM("barrier.cluster.wait.aligned;" ::: "memory"); }
 
 // The shared::cluster address of `smem` (this block's shared memory) in block `rank` of the cluster,
-// 16-, 8- and 4-byte stores there and 4-byte loads from there.
+// 16- and 4-byte stores there and 4-byte loads from there.
 __device__ __forceinline__ uint32_t cluster_map(const void *smem, int rank) {
     uint32_t a = 0;
     CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;"
@@ -41,14 +41,23 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, uint4 v) {
                 "r"(v.w)
                 : "memory");
 }
-__device__ __forceinline__ void st_cluster(uint32_t addr, uint2 v) {
-    CLUSTER_ASM("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
-}
 __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
-__device__ __forceinline__ void st_cluster(uint32_t addr, float2 v) {
-    CLUSTER_ASM("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
+
+// A 4-byte and an 8-byte store into another block's shared memory whose bytes complete a transaction
+// count on `bar`, an mbarrier in that same block (both shared::cluster addresses): the receiver waits
+// on its own barrier (mbar_wait_cluster, tma.cuh) for exactly the bytes it expects, and neither side
+// needs a fence or the cluster barrier. Its destination must be another block, not this one.
+__device__ __forceinline__ void st_async(uint32_t addr, float v, uint32_t bar) {
+    CLUSTER_ASM("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
+                "r"(__float_as_uint(v)), "r"(bar)
+                : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t addr, uint2 v, uint32_t bar) {
+    CLUSTER_ASM("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(addr),
+                "r"(v.x), "r"(v.y), "r"(bar)
+                : "memory");
 }
 
 // Host side: how many clusters of `blocks` blocks of `kernel` the device holds at once (`threads` a

@@ -43,7 +43,7 @@ constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) /
 constexpr size_t smem_bytes(int K, int rb, int ks) {
     const size_t slices = part_slices(K, ks);
     return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
-           2 * sizeof(uint64_t);
+           3 * sizeof(uint64_t);
 }
 
 // Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
@@ -76,8 +76,9 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 //
 // The block's two warpgroups stage (LN_THREADS: the second one only stages, then leaves the MMAs to
 // the first). In a cluster of CN blocks along the columns (the same rows, CN column tiles) block q
-// stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles (distributed shared
-// memory). The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one
+// stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles: its own by plain
+// stores, the others' by st_async, whose bytes count on their x_full (`bar`), so a block waits on its
+// own barrier for its tile, with no cluster fence or barrier (docs/PERF.md, "Session 38"). The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one
 // each), up to four at a time, whole rows in registers (one L2 round trip for the four): exact
 // two-pass statistics with shuffles, then gamma (x - mean) rstd rounded to bf16 and stored under the
 // 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as zeros. beta is
@@ -90,14 +91,18 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 
 // after_loads() is called once, as soon as the warp's first round of loads is issued.
 template <int RB, int VPL, int CN, typename AfterLoads>
-__device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn &in, const float4 (&g)[VPL], int r0,
-                                              int M, int K, int rank, int warp, int lane, AfterLoads after_loads) {
+__device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *bar, const LnIn &in,
+                                              const float4 (&g)[VPL], int r0, int M, int K, int rank, int warp,
+                                              int lane, AfterLoads after_loads) {
     constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
     constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
     if (warp * RPW >= RBB) return after_loads();
-    uint32_t tile_in[CN];  // CN > 1: x_tiles in each block of the cluster (shared::cluster addresses)
+    uint32_t tile_in[CN], bar_in[CN];  // CN > 1: x_tiles and bar in each block (shared::cluster addresses)
 #pragma unroll
-    for (int q = 0; q < CN; q++) tile_in[q] = CN > 1 ? cluster_map(x_tiles, q) : 0;
+    for (int q = 0; q < CN; q++) {
+        tile_in[q] = CN > 1 ? cluster_map(x_tiles, q) : 0;
+        bar_in[q] = CN > 1 ? cluster_map(bar, q) : 0;
+    }
     const int nq = K / 4;                // float4s a row
     const float inv_k = 1.0f / K;
     // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
@@ -148,10 +153,10 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, const LnIn
                     make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
                 unsigned char *to = at + (size_t)i * 2 * RB * BK * 2;
                 if (32 * i + lane < nq) {
-                    if constexpr (CN == 1) *reinterpret_cast<uint2 *>(to) = v2;
-                    else
+                    *reinterpret_cast<uint2 *>(to) = v2;
 #pragma unroll
-                        for (int q = 0; q < CN; q++) st_cluster(tile_in[q] + (uint32_t)(to - x_tiles), v2);
+                    for (int q = 0; q < CN; q++)
+                        if (q != rank) st_async(tile_in[q] + (uint32_t)(to - x_tiles), v2, bar_in[q]);
                 }
             }
         }
@@ -199,11 +204,11 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     unsigned char *w_tiles = smem, *x_tiles = smem + (size_t)per * W_SLICE;
     float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
     uint64_t *w_full = reinterpret_cast<uint64_t *>(inbox + (split ? RB * PSTR : 0)), *x_full = w_full + 1;
+    uint64_t *in_full = w_full + 2;  // K split: the inbox's values, the other ranks' by their bytes
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
     pdl_launch_dependents();
-    if constexpr (split || CN > 1) cluster_arrive_relaxed();  // "started": before any block stores into another
     auto load_w = [&] {  // thread 0: a box is `per` slices from s0, those past K read as zeros (and counted)
         mbar_arrive_expect_tx(w_full, slices ? per * W_SLICE : 0);
         if (slices) tma_load_slices(w_tiles, &w_map, s0, f0, w_full);
@@ -211,12 +216,16 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     const bool w_after_x = LN && ln.w_after_x;
     if (tid == 0) {
         mbar_init(w_full, 1);
-        mbar_init(x_full, 1);
+        mbar_init(x_full, LN && CN > 1 ? LN_THREADS : 1);
+        if (split) mbar_init(in_full, THREADS);
         mbar_fence_init();
         tma_prefetch_map(&w_map);
         if (!LN) tma_prefetch_map(&x_map);
         if (!w_after_x) load_w();  // nothing earlier in the step writes W
     }
+    // "Started": the barriers are initialised (fence.mbarrier_init orders that before the relaxed
+    // arrive), so another block may store into this one once it has waited on this phase.
+    if constexpr (split || CN > 1) cluster_arrive_relaxed();
     auto load_w_after_x = [&] {
         if (w_after_x && tid == 0) load_w();
     };
@@ -241,19 +250,21 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     pdl_wait();
 
     if constexpr (LN && CN == 1) {
-        stage_ln_rows<RB, VPL, 1>(x_tiles, ln, gamma, r0, M, K, 0, warp, lane, load_w_after_x);
+        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, r0, M, K, 0, warp, lane, load_w_after_x);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
         if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
         cluster_wait();         // every block has started
-        stage_ln_rows<RB, VPL, CN>(x_tiles, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
+        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
                                     load_w_after_x);
-        fence_proxy_async_cluster();
-        cluster_arrive();  // release: the rows are in every block's tile after the wait
+        // x_full's phase: every thread's arrival (release: its own rows' plain stores) and the other
+        // ranks' rows, RB / CN of K bf16 each, by their bytes.
+        if (tid == 0) mbar_arrive_expect_tx(x_full, (CN - 1) * (RB / CN) * K * (uint32_t)sizeof(bf16));
+        else mbar_arrive(x_full);
         if (warp >= THREADS / 32) return;
-        cluster_wait();
-        fence_proxy_async_smem();
+        mbar_wait_cluster(x_full, 0);
+        fence_proxy_async_smem();  // the generic proxy's stores (st_async's too), before the wgmmas read them
     } else if (tid == 0) {
         mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
         if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
@@ -284,7 +295,10 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
 
     if constexpr (split) {
         cluster_wait();  // every block of the cluster has started
-        // Value (row, column c) of this block's partial tile to block c / CW's inbox.
+        // Value (row, column c) of this block's partial tile to block c / CW's inbox: to another
+        // block as an st_async counted on that block's in_full, to its own by a plain store and this
+        // thread's arrival (release) on its own in_full. Thread 0's arrival expects the other ranks'
+        // bytes, so the wait returns once every value is in.
 #pragma unroll
         for (int j = 0; j < J; j++)
 #pragma unroll
@@ -292,10 +306,11 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
                 const int c = 16 * warp + lane / 4 + 8 * (e >> 1), q = c / CW;
                 float *to = &inbox[(8 * j + 2 * (lane % 4) + (e & 1)) * PSTR + kp * CW + c % CW];
                 if (q == kp) *to = acc[j][e];
-                else st_cluster(cluster_map(to, q), acc[j][e]);
+                else st_async(cluster_map(to, q), acc[j][e], cluster_map(in_full, q));
             }
-        cluster_arrive();  // release: the pushes are visible after the wait
-        cluster_wait();
+        if (tid == 0) mbar_arrive_expect_tx(in_full, (KS - 1) * RB * CW * (uint32_t)sizeof(float));
+        else mbar_arrive(in_full);
+        mbar_wait_cluster(in_full, 0);
     }
     trace_mark(TRACE_PHASE + 3);  // the epilogue starts (K split: the partial sums have arrived)
     // Every value first, then the stores: with each value's chain inside its own bounds check, the

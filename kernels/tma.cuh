@@ -47,6 +47,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
                  : "memory");
     } while (!done);
 }
+// The same, acquiring at cluster scope: for a phase completed by other blocks' st_async (cluster.cuh).
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t *bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        SM90_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    } while (!done);
+}
 
 // ----------------------------------------------------------------------------
 // Bulk tensor copies

@@ -45,10 +45,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // Shared memory written through the generic proxy (st.shared, cp.async) made visible to wgmma's
 // async-proxy reads: each writing thread, after its writes land and before the barrier.
 __device__ __forceinline__ void fence_proxy_async_smem() { WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// The same for stores into other blocks' shared memory (st.shared::cluster) that their wgmmas read.
-__device__ __forceinline__ void fence_proxy_async_cluster() {
-    WGMMA_ASM("fence.proxy.async.shared::cluster;\n" ::: "memory");
-}
 
 // Pins registers at this point of the program: the compiler may not move their reads or writes
 // across it, so that the fence and the wait above bracket the accesses they are meant to.
