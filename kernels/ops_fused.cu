@@ -32,8 +32,8 @@
 //              rows), else cuBLASLt; logits_rows, and the GEMV where it takes the logits, also take
 //              greedy decoding's tokens
 //              (no sampler kernel after them)
-// Five at 2-16 rows in bf16 on Hopper (batched decode, short prompts): there qkv and fc take their LayerNorm
-// inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
+// Five at 1-16 rows in bf16 on Hopper (decode to batch 16, short prompts): there qkv and fc take their
+// LayerNorm inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -73,7 +73,8 @@
 //     B=4 +7.6%, B=8 +4.6%, B=16 +1.5%, B=24 +2%, B=128 +11% ("Session 33"), and at one row against
 //     the cluster GEMV +4.3% ("Session 34"); gemm_rows_ln, the LayerNorm inside the product, lost to
 //     the kernel at every batch in this chain (B=1 -7%, B=64 -15%, "Session 34"); since its
-//     epilogue's chains overlap it wins at 2-16 rows (LN_ROWS_TO below, "Session 37");
+//     epilogue's chains overlap it wins at 2-16 rows ("Session 37") and at one row (B=1 +6%,
+//     "Session 38"; LN_ROWS_TO below);
 //   - before gemm_rows, the cluster GEMV for the LayerNorm ops against LayerNorm + cuBLASLt: B=8
 //     18,040 vs 15,271, B=16 34,741 vs 29,598, B=32 59,796 vs 57,852, B=64 95,609 vs 117,261
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
@@ -99,12 +100,13 @@
 // and went. Without them the LayerNorm kernel and gemm_rows beat the cluster GEMV at one row too
 // (B = 1 +4.3%, "Session 34").
 enum { GEMM_ROWS_FROM = 1 };
-// qkv and fc through gemm_rows_ln (the LayerNorm inside the product, gemm_rows.h) at 2-16 rows of
-// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 2 +2.2-4.0%,
-// B = 4 +1.9%, B = 8 +2.6-3.0%, B = 16 +1.2-1.7% on an H200 (two A/B runs), short prompts even; past
-// 16 rows (its 32-row tiles) it lost 3-4% (B = 32-64), and at one row 7% (docs/PERF.md, "Session
-// 37", "Session 34"). GPT2_LN_ROWS=N takes it to N rows (0: never).
-enum { LN_ROWS_FROM = 2, LN_ROWS_TO = 16 };
+// qkv and fc through gemm_rows_ln (the LayerNorm inside the product, gemm_rows.h) at 1-16 rows of
+// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 1 +6.4% (three
+// A/B runs, a one-token prompt -6%), B = 2 +2.2-4.0%, B = 4 +1.9%, B = 8 +2.6-3.0%, B = 16 +1.2-1.7%
+// on an H200, short prompts even; past 16 rows (its 32-row tiles) it lost 3-4% (B = 32-64)
+// (docs/PERF.md, "Session 37", "Session 38"; session 34's kernel had lost 7% at one row).
+// GPT2_LN_ROWS=N takes it to N rows (0: never).
+enum { LN_ROWS_TO = 16 };
 // The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
 // reads wte as fast, and runs no LayerNorm kernel).
 enum { LOGITS_ROWS_FROM = 2 };
@@ -137,7 +139,7 @@ static int ln_in_product(const GpuState *s, int M, int N) {
         const char *env = getenv("GPT2_LN_ROWS");
         most = env && *env ? atoi(env) : LN_ROWS_TO;
     }
-    return s->dtype == DTYPE_BF16 && M >= LN_ROWS_FROM && M <= most && gemm_rows_ln_takes(M, N, s->C);
+    return s->dtype == DTYPE_BF16 && M <= most && gemm_rows_ln_takes(M, N, s->C);
 }
 
 // A product of the many-row route: gemm_rows (bf16, a K that fits, on Hopper) where
@@ -195,7 +197,7 @@ static int logits_take_rows(const GpuState *s, int rows) {
 }
 
 // Layer 0's ln1 comes from the embedding kernel wherever its qkv takes the many-row route (prefill,
-// and batched decode from 2 rows on Hopper) without the LayerNorm inside: that route's LayerNorm
+// and decode on Hopper) without the LayerNorm inside: that route's LayerNorm
 // kernel and its boundary go (docs/PERF.md, "Session 29"). The one place both ask.
 static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
     return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) && !ln_in_product(s, st->M, 3 * s->C);
