@@ -78,8 +78,9 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 // the first). In a cluster of CN blocks along the columns (the same rows, CN column tiles) block q
 // stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles: its own by plain
 // stores, the others' by st_async, whose bytes count on their x_full (`bar`), so a block waits on its
-// own barrier for its tile, with no cluster fence or barrier (docs/PERF.md, "Session 38"). The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one
-// each), up to four at a time, whole rows in registers (one L2 round trip for the four): exact
+// own barrier for its tile, with no cluster fence or barrier (docs/PERF.md, "Session 38").
+// The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one each), up
+// to four at a time, whole rows in registers (one L2 round trip for the four): exact
 // two-pass statistics with shuffles, then gamma (x - mean) rstd rounded to bf16 and stored under the
 // 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as zeros. beta is
 // not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the product is
