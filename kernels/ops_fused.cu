@@ -59,8 +59,8 @@
 // many-row route (the LayerNorm kernel where there is one, then gemm_rows or cuBLASLt:
 // many_rows_product below).
 // bf16 where gemm_rows takes the product (Hopper): 0 for the projections, qkv and fc (gemm_rows at
-// every row count, after the LayerNorm kernel for qkv and fc), 1 for the logits where logits_rows
-// takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it
+// every row count, after the LayerNorm kernel or with it inside for qkv and fc), and 0 for the
+// logits where logits_rows takes them; elsewhere 32 with the LayerNorm (the cluster GEMV) and without it
 // (the skinny kernel), the logits 4; before sm_90: 4 (fused_linear_rows).
 // Decode of GPT-2 124M on an H200, bench --quick, tokens/s (docs/PERF.md):
 //   - the projections through gemm_rows at every batch against the skinny kernel (to 32 rows) and
@@ -80,9 +80,10 @@
 //     ("Session 4"); the skinny kernel for the projections against cuBLASLt's bias + residual
 //     epilogue: B=8 +10%, B=16 +10%, B=32 +6%, slower at 48 and 64 rows ("Session 10"; since its warps
 //     split K, another +8% at B=8 and 16, and about even at 48 and 64: "Session 11").
-// The logits (bf16) go through the LayerNorm kernel and logits_rows from 2 rows where it takes them
-// (Hopper; kernels/logits_rows.h): B=2-4 +3-4% against the GEMV, B=5-64 +1.4-2.5% against the
-// LayerNorm kernel + cuBLASLt ("Session 24", then with lnf folded in);
+// The logits (bf16) go through the LayerNorm kernel and logits_rows where it takes them (Hopper;
+// kernels/logits_rows.h): B=2-4 +3-4% against the GEMV, B=5-64 +1.4-2.5% against the LayerNorm
+// kernel + cuBLASLt ("Session 24", then with lnf folded in), and at one row B=1 +2.0% against the
+// GEMV with lnf inside once qkv and fc had left the GEMVs ("Session 38");
 // elsewhere the GEMV to 4 rows, then cuBLASLt (gemm_rows ran them 0.89x at 8-16 rows and 0.56x at 64:
 // "Session 22").
 // fp32: 16 (cuBLAS runs true fp32 on FMAs, no TF32, and the GEMV stays ahead to M = 16:
@@ -107,10 +108,6 @@ enum { GEMM_ROWS_FROM = 1 };
 // (docs/PERF.md, "Session 37", "Session 38"; session 34's kernel had lost 7% at one row).
 // GPT2_LN_ROWS=N takes it to N rows (0: never).
 enum { LN_ROWS_TO = 16 };
-// The fewest rows logits_rows takes the logits over from the GEMV (one row: the GEMV with lnf inside
-// reads wte as fast, and runs no LayerNorm kernel).
-enum { LOGITS_ROWS_FROM = 2 };
-
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
     if (forced[0] == -2) {
@@ -123,7 +120,7 @@ static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     if (forced[op] >= 0) return forced[op];
     const int rows = fused_linear_rows(s->dtype, op);
     if (op == LINEAR_OP_LOGITS)
-        return s->dtype == DTYPE_BF16 && logits_rows_takes(M, K) ? LOGITS_ROWS_FROM - 1 : rows;
+        return s->dtype == DTYPE_BF16 && logits_rows_takes(M, K) ? 0 : rows;
     if (s->dtype == DTYPE_F32 && op == LINEAR_OP_LN && fused_ln_linear_rows_f32_takes(M, N, K))
         return M;  // these rows stay on the fused op
     if (s->dtype != DTYPE_BF16 || !gemm_rows_takes(M, N, K)) return rows;
@@ -189,7 +186,7 @@ static int attention_reads_qkv(const GpuState *s, const GpuStep *st) {
            fused_attention_takes_qkv(s->dtype, st->T, s->HS);
 }
 
-// The logits of `rows` rows go through logits_rows (bf16 on Hopper, past the GEMV's rows: one
+// The logits of `rows` rows go through logits_rows (bf16 on Hopper, at every row count it takes: one
 // persistent kernel streaming wte, docs/PERF.md "Session 24"), else the LayerNorm kernel and cuBLASLt.
 static int logits_take_rows(const GpuState *s, int rows) {
     return s->dtype == DTYPE_BF16 && rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C) &&
