@@ -461,12 +461,15 @@ int pick_w_after_x(int M) { return M > 32; }
 // rows into all CN blocks' x tiles, so that each row is read from L2 and normalised once per CN
 // column blocks (fp32 rows: at 64 rows of K = 768 the 96 blocks of one block a cluster read 9.4 MB
 // of them). CN = 4 where the grid's clusters of 4 all fit on the device at once, else 2 where those
-// do, else 1; and 1 at one row, and at 2-16 rows of K <= 768, where the cluster's barriers cost more
-// than the reads save. On an H200, 768 -> 3072 at 32 / 64 rows 5.77 / 6.57 us -> 5.29 / 5.84, and
-// 1024 -> 4096 at 8 / 16 / 64 rows 4.66 / 5.20 / 8.61 -> 4.31 / 4.58 / 7.99 (two a cluster: four
-// do not fit); at one row 2.92 -> 3.14 with two (docs/PERF.md, "Session 35").
+// do, else 1; at 1-16 rows of K <= 768 at most 2. Since the staged rows go by st_async (no cluster
+// fence or barrier after them) a cluster pays at every row count. On an H200 (docs/PERF.md,
+// "Session 38"), us with CN = 1 / 2 / 4: 768 -> 3072 at 1 / 2 / 16 rows 2.82 / 2.84 / 2.99, 3.07 /
+// 2.85 / 3.02, 3.57 / 3.15 / 3.29; 1024 -> 4096 at 1 / 2 / 16 rows 3.98 / 3.56 / 3.48, 4.40 / 3.60 /
+// 3.56, 4.98 / 4.16 / 3.80; past 16 rows 768 -> 3072 at 32 / 64 rows 5.77 / 6.57 us -> 5.29 / 5.84
+// with 4 ("Session 35"). In the engine (124M) 2 at 1-16 rows against none: decode B = 1 +1.6%,
+// B = 2-16 +3.2-4.3%.
 // GPT2_LN_CLUSTER=2|4 forces that cluster where it fits (else none), any other non-zero value none.
-bool ln_cluster_pays(int M, int K) { return M > 1 && (M > 16 || K > 768); }
+bool ln_cluster4_pays(int M, int K) { return M > 16 || K > 768; }
 
 template <int RB, int EPI, int VPL, int CN>
 bool ln_clusters_fit(int M, int N, int K) {
@@ -487,10 +490,9 @@ template <int EPI, int VPL, int RB>
 cudaError_t launch_ln_cn(const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
     static int forced = -1;
     const int cn = env_knob("GPT2_LN_CLUSTER", &forced);
-    const bool any = cn == 0 && ln_cluster_pays(M, K);
-    if ((cn == 4 || any) && ln_clusters_fit<RB, EPI, VPL, 4>(M, N, K))
+    if ((cn == 4 || (cn == 0 && ln_cluster4_pays(M, K))) && ln_clusters_fit<RB, EPI, VPL, 4>(M, N, K))
         return launch<RB, EPI, 1, true, VPL, 4>(out, NULL, ln, W, M, N, K, stream);
-    if ((cn == 2 || any) && ln_clusters_fit<RB, EPI, VPL, 2>(M, N, K))
+    if ((cn == 2 || cn == 0) && ln_clusters_fit<RB, EPI, VPL, 2>(M, N, K))
         return launch<RB, EPI, 1, true, VPL, 2>(out, NULL, ln, W, M, N, K, stream);
     return launch<RB, EPI, 1, true, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
 }

@@ -68,9 +68,8 @@ cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 // wgmmas read (exact two-pass statistics of whole rows, then gamma (x - mean) rstd in bf16) instead
 // of reading a LayerNorm kernel's output; the rest as gemm_rows (W's tile before the PDL wait, past 32
 // rows after the block's loads of x: gemm_rows.cu's pick_w_after_x). Two warpgroups a block stage
-// the rows, and past 16 rows (from 2 rows where K > 768) the 2 or 4 blocks of a cluster along the
-// columns share them: each normalises its part of the rows into all their tiles (gemm_rows.cu,
-// docs/PERF.md "Session 35").
+// the rows, and the 2 or 4 blocks of a cluster along the columns share them: each normalises its
+// part of the rows into all their tiles (gemm_rows.cu; docs/PERF.md "Session 35", "Session 38").
 //   x         fp32 [M, K], rows ldx floats apart (16-byte aligned)
 //   gamma     fp32 [K]; beta enters through the bias:
 //   b_folded  fp32 [N] = W beta + b (ln_fold.cu's vectors, the GEMV's), or NULL (no beta, no bias)

@@ -611,10 +611,10 @@ int main(void) {
         run_res_case(sshapes[si][0], sshapes[si][1], sshapes[si][2], DTYPE_BF16, LINEAR_PATH_SKINNY, si == 1);
     // gemm_rows_ln (Hopper): GPT-2 124M's qkv and fc at 1, 16 and 64 rows, 355M's fc (K = 1024) at
     // 17 and 33 rows (two row blocks), a partial column block and short rows (one k slice), strided
-    // rows, offset rows and outlier channels, GELU or not. Past 16 rows, and from 2 rows where K > 768
-    // (16 rows of 1024, 5 of 832), the blocks share the rows' staging in clusters of 2 or 4 along the
-    // columns (40 rows of N = 130, 5 of N = 100: grids padded to whole clusters); GPT2_LN_CLUSTER=1,
-    // 2 or 4 forces one size on every case.
+    // rows, offset rows and outlier channels, GELU or not. The blocks share the rows' staging in
+    // clusters of 2 or 4 along the columns (2 at 1-16 rows of K <= 768; 40 rows of N = 130, 3 and 5
+    // of N = 100: grids padded to whole clusters); GPT2_LN_CLUSTER=1, 2 or 4 forces one size on every
+    // case.
     if (gemm_rows_ln_takes(64, 4096, 1024)) {
         const int wshapes[][5] = {{1, 2304, 768, ACT_NONE, DATA_OUTLIER}, {16, 3072, 768, ACT_GELU, DATA_OFFSET},
                                   {64, 2304, 768, ACT_NONE, DATA_NORMAL}, {64, 3072, 768, ACT_GELU, DATA_OUTLIER},
