@@ -466,8 +466,8 @@ int pick_w_after_x(int M) { return M > 32; }
 // "Session 38"), us with CN = 1 / 2 / 4: 768 -> 3072 at 1 / 2 / 16 rows 2.82 / 2.84 / 2.99, 3.07 /
 // 2.85 / 3.02, 3.57 / 3.15 / 3.29; 1024 -> 4096 at 1 / 2 / 16 rows 3.98 / 3.56 / 3.48, 4.40 / 3.60 /
 // 3.56, 4.98 / 4.16 / 3.80; past 16 rows 768 -> 3072 at 32 / 64 rows 5.77 / 6.57 us -> 5.29 / 5.84
-// with 4 ("Session 35"). In the engine (124M) 2 at 1-16 rows against none: decode B = 1 +1.6%,
-// B = 2-16 +3.2-4.3%.
+// with 4 ("Session 35"). In the engine (124M) 2 at 1-16 rows against none: decode B = 1 +2.0%,
+// B = 2-16 +2.8-4.6% (355M's 4 at one row: B = 1 +5.3%).
 // GPT2_LN_CLUSTER=2|4 forces that cluster where it fits (else none), any other non-zero value none.
 bool ln_cluster4_pays(int M, int K) { return M > 16 || K > 768; }
 
