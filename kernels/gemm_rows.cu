@@ -12,7 +12,9 @@
 //   barriers one for all of W (before the wait; gemm_rows_ln past 32 rows after its loads of x), one
 //            for all of x (after it): each is one copy of
 //            all the block's slices (tma.cuh's tensor_map_slices), which lands x sooner than a copy
-//            a slice with the MMAs started as each landed (docs/PERF.md, "Session 25")
+//            a slice with the MMAs started as each landed (docs/PERF.md, "Session 25"); gemm_rows_ln
+//            in a cluster counts its rows on x's instead (its threads' arrivals and the other
+//            blocks' st_async bytes); a K split's inbox has a third, counted the same way
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

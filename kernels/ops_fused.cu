@@ -102,12 +102,13 @@
 // (B = 1 +4.3%, "Session 34").
 enum { GEMM_ROWS_FROM = 1 };
 // qkv and fc through gemm_rows_ln (the LayerNorm inside the product, gemm_rows.h) at 1-16 rows of
-// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 1 +6.4% (three
+// the many-row route, so no LayerNorm kernel and boundary before them: decode B = 1 +6.6% (three
 // A/B runs, a one-token prompt -6%), B = 2 +2.2-4.0%, B = 4 +1.9%, B = 8 +2.6-3.0%, B = 16 +1.2-1.7%
 // on an H200, short prompts even; past 16 rows (its 32-row tiles) it lost 3-4% (B = 32-64)
 // (docs/PERF.md, "Session 37", "Session 38"; session 34's kernel had lost 7% at one row).
 // GPT2_LN_ROWS=N takes it to N rows (0: never).
 enum { LN_ROWS_TO = 16 };
+
 static int fused_rows(const GpuState *s, LinearOp op, int M, int N, int K) {
     static int forced[3] = {-2, -2, -2};  // [LinearOp]; -2: not read yet; -1: not set
     if (forced[0] == -2) {
