@@ -548,10 +548,11 @@ int main(void) {
         // 40 rows in bf16: past the cluster GEMV, so the attention reads the many-row route's qkv
         // product (on Hopper gemm_rows's after the LayerNorm kernel).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 40, T, T / 3, DTYPE_BF16, 3e-2);
-        // 8 rows in bf16: on Hopper, qkv and fc through gemm_rows_ln (the LayerNorm inside, 2-16 rows),
-        // and 2 rows: the fewest whose logits go through logits_rows (so does 8).
+        // 1, 2 and 8 rows in bf16: on Hopper qkv and fc through gemm_rows_ln (the LayerNorm inside, 1-16
+        // rows, the rows shared over a cluster of 2 blocks) and the logits through logits_rows.
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 8, T, T / 3, DTYPE_BF16, 3e-2);
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 2, T, T / 3, DTYPE_BF16, 3e-2);
+        if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 1, T, T / 3, DTYPE_BF16, 3e-2);
         check_forward_graph(&m, tag, DTYPE_F32, 2, T / 2, T / 3);
         check_forward_graph(&m, tag, DTYPE_BF16, 3, T / 2 > 5 ? T / 2 : 5, 0);  // bf16 prefill: attention reads qkv
         check_folded(&m, tag, DTYPE_F32);
@@ -577,7 +578,8 @@ int main(void) {
         for (Backend be = BACKEND_GPU; be <= BACKEND_GPU_REFERENCE; be++) {
             check_against_cpu(&m, be, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
             check_decode(&m, be, big[i].name, 2, big[i].config.max_seq_len, 5);
-            // One sequence, both dtypes: the decode GEMVs at GPT-2's head size and widths.
+            // One sequence, both dtypes, at GPT-2's head size and widths: fp32 through the decode GEMVs;
+            // bf16 on Hopper through gemm_rows_ln (medium: K = 1024, a cluster of 4) and logits_rows.
             check_decode(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5);
             check_decode_dt(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         }
