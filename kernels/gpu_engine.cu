@@ -55,9 +55,12 @@ typedef struct {
     cudaEvent_t *events;                // 5L + 4 step boundaries, created on first use
     int nevents;
     // Decode steps (gpu_decode): a pinned staging area and its device mirror, both laid out
-    // [pos | tokens[max_batch] | draws[max_batch] (float bits) | next[max_batch]], so a step is one
-    // copy in and one copy out around the model and the sampler.
+    // [pos | tokens[max_batch] | draws[max_batch] (float bits)], so a step is one copy in before the
+    // model and the sampler; the sampled ids come out with no copy: the kernel that picks them
+    // writes them into pinned host memory through its device mapping (ids_dev). Against a copy node
+    // after the last kernel: decode B = 1 +3.0%, B = 64 +1.9% on an H200 (docs/PERF.md, "Session 39").
     int *io_host, *io_dev;
+    int *ids_host, *ids_dev;            // [max_batch]: the same pinned memory, host and device addresses
     void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
     size_t sampling_ws_bytes;
     DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
@@ -416,17 +419,14 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 // ----------------------------------------------------------------------------
 // The pick of the next tokens (decode steps and prompts)
 
-// The device copy of the staging area's sampled ids.
-static int *next_dev(GpuEngine *g) { return g->io_dev + 1 + 2 * g->s.max_batch; }
-
 // The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
-// with the draws already in the staging area's device copy, the ids into its device copy.
+// with the draws already in the staging area's device copy, the ids into ids_dev (host memory).
 static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, Error *err) {
     GpuState *s = &g->s;
     const float *draws = (const float *)(g->io_dev + 1 + s->max_batch);
     if (!sampled)
         CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
-                                  next_dev(g), g->sampling_ws, g->sampling_ws_bytes, s->stream));
+                                  g->ids_dev, g->sampling_ws, g->sampling_ws_bytes, s->stream));
     return 0;
 }
 
@@ -558,25 +558,17 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 // Decode: one token per sequence, sampled on the device, replayed as a CUDA graph; and the
 // prompt's first new token, sampled on the device after its forward
 
-// The sampled ids back into the staging area's host copy.
-static int enqueue_ids_out(GpuEngine *g, int B, Error *err) {
-    CUDA_TRY(cudaMemcpyAsync(g->io_host + 1 + 2 * g->s.max_batch, next_dev(g), (size_t)B * sizeof(int),
-                             cudaMemcpyDeviceToHost, g->s.stream));
-    return 0;
-}
-
-// The step as enqueued work: the staging area in, the model at T = 1, the sampler, the ids out.
+// The step as enqueued work: the staging area in, the model at T = 1, the sampler (the ids straight
+// into host memory).
 // Greedy decoding offers the logits op the ids (GpuStep.greedy_next).
 static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int in_graph, Error *err) {
     GpuState *s = &g->s;
     int mb = s->max_batch, unused = 0, sampled = 0;
     CUDA_TRY(cudaMemcpyAsync(g->io_dev, g->io_host, (1 + 2 * (size_t)mb) * sizeof(int), cudaMemcpyHostToDevice,
                              s->stream));
-    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? next_dev(g) : NULL, &sampled};
-    if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err) ||
-        enqueue_pick(g, B, smp, sampled, err))
-        return -1;
-    return enqueue_ids_out(g, B, err);
+    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
+    if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
+    return enqueue_pick(g, B, smp, sampled, err);
 }
 
 // Captures the decode step for batch B with these sampler settings (replacing an older capture).
@@ -598,12 +590,11 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, Error *err) {
     GpuState *s = &g->s;
     int mb = s->max_batch, unused = 0, sampled = 0;
-    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? next_dev(g) : NULL, &sampled};
+    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
     CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, s->stream));
     CUDA_TRY(cudaMemcpyAsync(g->io_dev + 1 + mb, g->io_host + 1 + mb, (size_t)B * sizeof(float),
                              cudaMemcpyHostToDevice, s->stream));
-    if (run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_ids_out(g, B, err);
+    return run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err);
 }
 
 static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
@@ -629,7 +620,7 @@ static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const
         }
     }
     CUDA_TRY(cudaStreamSynchronize(s->stream));
-    memcpy(next, g->io_host + 1 + 2 * mb, (size_t)B * sizeof(int));
+    memcpy(next, g->ids_host, (size_t)B * sizeof(int));
     return 1;
 }
 
@@ -723,6 +714,7 @@ static void gpu_engine_destroy(Engine *e) {
             if (g->fwd[i].exec) CUDA_WARN(cudaGraphExecDestroy(g->fwd[i].exec));
         if (g->io_host) CUDA_WARN(cudaFreeHost(g->io_host));
         if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
+        if (g->ids_host) CUDA_WARN(cudaFreeHost(g->ids_host));
         if (g->sampling_ws) CUDA_WARN(cudaFree(g->sampling_ws));
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
@@ -777,9 +769,11 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     if (!(s->lt = matmul_lt_create(kCublasWorkspaceBytes, err))) return -1;
 
     if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
-    size_t io_bytes = (1 + 3 * (size_t)s->max_batch) * sizeof(int);
+    size_t io_bytes = (1 + 2 * (size_t)s->max_batch) * sizeof(int);
     CUDA_TRY(cudaHostAlloc((void **)&g->io_host, io_bytes, cudaHostAllocDefault));
     if (gpu_alloc((void **)&g->io_dev, io_bytes, "the decode staging area", err)) return -1;
+    CUDA_TRY(cudaHostAlloc((void **)&g->ids_host, (size_t)s->max_batch * sizeof(int), cudaHostAllocMapped));
+    CUDA_TRY(cudaHostGetDevicePointer((void **)&g->ids_dev, g->ids_host, 0));
     g->sampling_ws_bytes = sampling_workspace_size(s->max_batch, s->V);
     if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
     if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
