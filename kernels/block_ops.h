@@ -70,7 +70,7 @@ typedef struct GpuState {
     GpuLayer *layers;            // [L], host array of device pointers
 
     // Activations, sized for max_batch * max_seq rows (R)
-    int *tokens;          // [R]
+    int *tokens;          // [R + max_batch]: a forward's tokens, then a prompt's draws
     float *x;             // [R, C] fp32 residual stream
     void *q;              // [R, C] dtype: queries, layout owned by the table
     void *atty;           // [R, C] dtype: attention output, rows, heads side by side

@@ -61,6 +61,10 @@ typedef struct {
     // after the last kernel: decode B = 1 +3.0%, B = 64 +1.9% on an H200 (docs/PERF.md, "Session 39").
     int *io_host, *io_dev;
     int *ids_host, *ids_dev;            // [max_batch]: the same pinned memory, host and device addresses
+    // A forward's or a prompt's inputs (upload_inputs): pinned [max_batch * max_seq tokens | max_batch
+    // draws], copied to s->tokens in one copy; from the caller's pageable tokens and the staging
+    // area's draws it took two, ~2.4 us more a prompt on an H200 (docs/PERF.md, "Session 39").
+    int *input_host;
     void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
     size_t sampling_ws_bytes;
     DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
@@ -310,7 +314,7 @@ static size_t layout_acts(GpuEngine *g, char *base) {
     size_t att = (size_t)s->max_batch * s->NH * s->max_seq * s->max_seq;
     size_t off = 0;
 #define TAKE(ptr, type, bytes) (ptr = (type)(base ? base + off : NULL), off += align256(bytes))
-    TAKE(s->tokens, int *, R * sizeof(int));
+    TAKE(s->tokens, int *, (R + s->max_batch) * sizeof(int));  // a prompt's draws after its M tokens
     TAKE(s->x, float *, R * C * sizeof(float));
     TAKE(s->q, void *, R * C * ds);
     TAKE(s->atty, void *, R * C * ds);
@@ -420,10 +424,9 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 // The pick of the next tokens (decode steps and prompts)
 
 // The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
-// with the draws already in the staging area's device copy, the ids into ids_dev (host memory).
-static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, Error *err) {
+// with the draws already on the device, the ids into ids_dev (host memory).
+static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, const float *draws, Error *err) {
     GpuState *s = &g->s;
-    const float *draws = (const float *)(g->io_dev + 1 + s->max_batch);
     if (!sampled)
         CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
                                   g->ids_dev, g->sampling_ws, g->sampling_ws_bytes, s->stream));
@@ -488,11 +491,21 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
 }
 
 // The model's work for one forward, then, given a sampler (a prompt, whose step has greedy_written),
-// its pick of each sequence's next token into the staging area's device copy.
+// its pick of each sequence's next token with the draws that upload_inputs put after the tokens.
 static int enqueue_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile,
                            int *ev, GpuTraceFn trace, void *user, Error *err) {
     if (enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err)) return -1;
-    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, err) : 0;
+    const float *draws = (const float *)(g->s.tokens + st->M);
+    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, draws, err) : 0;
+}
+
+// A forward's M tokens (and a prompt's B draws after them, u non-NULL) into s->tokens, one copy.
+static int upload_inputs(GpuEngine *g, const int *tokens, int M, const float *u, int B, Error *err) {
+    memcpy(g->input_host, tokens, (size_t)M * sizeof(int));
+    if (u) memcpy(g->input_host + M, u, (size_t)B * sizeof(float));
+    CUDA_TRY(cudaMemcpyAsync(g->s.tokens, g->input_host, (size_t)(M + (u ? B : 0)) * sizeof(int),
+                             cudaMemcpyHostToDevice, g->s.stream));
+    return 0;
 }
 
 static int capture_forward(GpuEngine *g, ForwardGraph *f, const GpuStep *st, const Sampler *smp, Error *err) {
@@ -532,8 +545,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
     MARK();
-    CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (run_forward(g, &st, all_positions, NULL, profile, ev, trace, user, err)) return -1;
+    if (upload_inputs(g, tokens, st.M, NULL, B, err) || run_forward(g, &st, all_positions, NULL, profile, ev, trace, user, err)) return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
     if (logits)  // NULL: left on the device (src/engine.h); the host's rows are V apart
         CUDA_TRY(cudaMemcpy2DAsync(logits, s->V * sizeof(float), s->logits, s->logits_ld * sizeof(float),
@@ -568,7 +580,7 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int 
                              s->stream));
     GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
     if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_pick(g, B, smp, sampled, err);
+    return enqueue_pick(g, B, smp, sampled, (const float *)(g->io_dev + 1 + mb), err);
 }
 
 // Captures the decode step for batch B with these sampler settings (replacing an older capture).
@@ -585,15 +597,13 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
 
 // A prompt (T > 1): the forward and the pick on each sequence's last row as gpu_forward_impl runs a
 // forward (one graph once the shape and the sampler repeat), with no synchronisation between them;
-// greedy decoding offers the logits op the ids, as a decode step does. The draws go through the
-// staging area, which gpu_decode has filled.
-static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, Error *err) {
-    GpuState *s = &g->s;
-    int mb = s->max_batch, unused = 0, sampled = 0;
+// greedy decoding offers the logits op the ids, as a decode step does. The tokens and the draws go
+// in together (upload_inputs).
+static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
+                          Error *err) {
+    int unused = 0, sampled = 0;
     GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
-    CUDA_TRY(cudaMemcpyAsync(s->tokens, tokens, (size_t)st.M * sizeof(int), cudaMemcpyHostToDevice, s->stream));
-    CUDA_TRY(cudaMemcpyAsync(g->io_dev + 1 + mb, g->io_host + 1 + mb, (size_t)B * sizeof(float),
-                             cudaMemcpyHostToDevice, s->stream));
+    if (upload_inputs(g, tokens, st.M, u, B, err)) return -1;
     return run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err);
 }
 
@@ -604,12 +614,12 @@ static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const
     if (!device_sampling_supported(smp->temperature, smp->top_k, s->V)) return 0;
     if (check_step(s, tokens, B, T, pos, err)) return -1;
     int mb = s->max_batch;
-    g->io_host[0] = pos;
-    memcpy(g->io_host + 1 + mb, u, (size_t)B * sizeof(float));
     if (T > 1) {
-        if (enqueue_prompt(g, tokens, B, T, pos, smp, err)) return -1;
+        if (enqueue_prompt(g, tokens, B, T, pos, smp, u, err)) return -1;
     } else {
+        g->io_host[0] = pos;
         memcpy(g->io_host + 1, tokens, (size_t)B * sizeof(int));
+        memcpy(g->io_host + 1 + mb, u, (size_t)B * sizeof(float));
         if (g->ops->device_position) {
             DecodeGraph *dg = &g->graphs[B];
             if (!dg->exec || !same_pick(dg->pick, pick_key(smp)))
@@ -715,6 +725,7 @@ static void gpu_engine_destroy(Engine *e) {
         if (g->io_host) CUDA_WARN(cudaFreeHost(g->io_host));
         if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
         if (g->ids_host) CUDA_WARN(cudaFreeHost(g->ids_host));
+        if (g->input_host) CUDA_WARN(cudaFreeHost(g->input_host));
         if (g->sampling_ws) CUDA_WARN(cudaFree(g->sampling_ws));
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
             fprintf(stderr, "gpt2: %s:%d: cublasDestroy failed\n", __FILE__, __LINE__);
@@ -774,6 +785,8 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     if (gpu_alloc((void **)&g->io_dev, io_bytes, "the decode staging area", err)) return -1;
     CUDA_TRY(cudaHostAlloc((void **)&g->ids_host, (size_t)s->max_batch * sizeof(int), cudaHostAllocMapped));
     CUDA_TRY(cudaHostGetDevicePointer((void **)&g->ids_dev, g->ids_host, 0));
+    CUDA_TRY(cudaHostAlloc((void **)&g->input_host, ((size_t)s->max_batch * s->max_seq + s->max_batch) * sizeof(int),
+                           cudaHostAllocDefault));
     g->sampling_ws_bytes = sampling_workspace_size(s->max_batch, s->V);
     if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
     if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
