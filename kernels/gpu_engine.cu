@@ -545,7 +545,9 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
     MARK();
-    if (upload_inputs(g, tokens, st.M, NULL, B, err) || run_forward(g, &st, all_positions, NULL, profile, ev, trace, user, err)) return -1;
+    if (upload_inputs(g, tokens, st.M, NULL, B, err) ||
+        run_forward(g, &st, all_positions, NULL, profile, ev, trace, user, err))
+        return -1;
     size_t rows = all_positions ? (size_t)st.M : (size_t)B;
     if (logits)  // NULL: left on the device (src/engine.h); the host's rows are V apart
         CUDA_TRY(cudaMemcpy2DAsync(logits, s->V * sizeof(float), s->logits, s->logits_ld * sizeof(float),
