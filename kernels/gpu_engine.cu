@@ -495,8 +495,7 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
 static int enqueue_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile,
                            int *ev, GpuTraceFn trace, void *user, Error *err) {
     if (enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err)) return -1;
-    const float *draws = (const float *)(g->s.tokens + st->M);
-    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, draws, err) : 0;
+    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, (const float *)(g->s.tokens + st->M), err) : 0;
 }
 
 // A forward's M tokens (and a prompt's B draws after them, u non-NULL) into s->tokens, one copy.
