@@ -1,86 +1,134 @@
 // Embedding: x[b*T + t] = wte[token] + wpe[pos + t], the fp32 residual stream at the start of the
 // forward, and where the op table asks, the first layer's LayerNorm of it into ln (the LayerNorm
 // kernel's job otherwise: one kernel and one boundary less a step, docs/PERF.md "Session 29").
-// Shared by every op table (it sits before the blocks). One block per row.
+// Shared by every op table (it sits before the blocks). One warp per row, as the LayerNorm kernel.
+#include <stdint.h>
+
 #include "kernel_util.h"
 #include "pdl.cuh"
 #include "reference_kernels.h"
 
-// With the LayerNorm a thread holds its values of the row in registers: EMB_VALUES of them, so a
-// block of up to 1024 threads takes C <= 8192 (wider rows: the LayerNorm kernel after this one).
-constexpr int EMB_VALUES = 8;
-constexpr int EMB_LN_MAX_C = EMB_VALUES * 1024;
+// A 16-byte vector of the tables' dtype: 8 bf16 or 4 fp32 values.
+template <typename T> constexpr int kVec = 16 / sizeof(T);
+constexpr int kLaneValues = 64;  // values a lane holds at most, in kLaneValues / kVec vectors: C <= 2048
 
-// The sum of v over the block, in every thread; red: one float a warp.
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    const int warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-    v = warp_sum(v);
-    if (threadIdx.x % 32 == 0) red[warp] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < warps; w++) total += red[w];
-    __syncthreads();  // red is used again
-    return total;
+__device__ __forceinline__ void unpack(uint4 u, float *f, float) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack(uint4 u, float *f, bf16) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 p = __bfloat1622float2(h[i]);
+        f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    }
+}
+template <typename T> __device__ __forceinline__ void store_vec(T *o, const float *f) {
+    T v[kVec<T>];
+#pragma unroll
+    for (int i = 0; i < kVec<T>; i++) v[i] = from_f32<T>(f[i]);
+    *reinterpret_cast<uint4 *>(o) = *reinterpret_cast<const uint4 *>(v);
 }
 
-// LN: also ln = (x - mean) / sqrt(var + 1e-5) * lnw + lnb, two passes over the registers (the
-// LayerNorm kernel's form: mean, then the centred sum of squares).
-template <typename T, bool LN>
+// VEC: a lane loads its share of the token's and the position's rows once, as 16-byte vectors,
+// and keeps their sum in registers for the LayerNorm's two passes (mean, then the centred sum of
+// squares: the LayerNorm kernel's form). As a block a row of 2-byte loads this kernel took 7.6 us
+// at 1024 tokens (docs/PERF.md, "Session 40"). Otherwise (a width that is not whole vectors, or
+// wider than 2048) strided loops over the row, each pass reading the lane's own stores of x again.
+template <typename T, bool LN, bool VEC>
 __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, const float *__restrict__ lnw,
                                  const float *__restrict__ lnb, const int *__restrict__ tokens,
-                                 const T *__restrict__ wte, const T *__restrict__ wpe, int T_, int pos,
+                                 const T *__restrict__ wte, const T *__restrict__ wpe, int rows, int T_, int pos,
                                  const int *__restrict__ pos_device, int C) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the first layer's weights start streaming now
     pdl_wait();               // x may still be read by the previous step's last kernel
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
     if (pos_device) pos = *pos_device;  // a decode graph's position, set before each replay
-    const int row = blockIdx.x;
-    const int t = row % T_;
     const T *we = wte + (size_t)tokens[row] * C;
-    const T *pe = wpe + (size_t)(pos + t) * C;
+    const T *pe = wpe + (size_t)(pos + row % T_) * C;
     float *out = x + (size_t)row * C;
-    if constexpr (!LN) {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) out[c] = to_f32(we[c]) + to_f32(pe[c]);
-    } else {
-        __shared__ float red[32];
-        float v[EMB_VALUES], sum = 0.0f;
+    T *o = LN ? ln + (size_t)row * C : NULL;
+    if constexpr (VEC) {
+        constexpr int V = kVec<T>, NV = kLaneValues / V;
+        float v[NV][V], sum = 0.0f;
 #pragma unroll
-        for (int i = 0; i < EMB_VALUES; i++) {
-            const int c = threadIdx.x + i * blockDim.x;
-            v[i] = c < C ? to_f32(we[c]) + to_f32(pe[c]) : 0.0f;
-            if (c < C) out[c] = v[i];
-            sum += v[i];
+        for (int i = 0; i < NV; i++) {
+            const int c = (lane + 32 * i) * V;
+            if (c >= C) break;
+            float e[V];
+            unpack(*reinterpret_cast<const uint4 *>(we + c), v[i], T());
+            unpack(*reinterpret_cast<const uint4 *>(pe + c), e, T());
+#pragma unroll
+            for (int j = 0; j < V; j++) v[i][j] += e[j], sum += v[i][j];
+#pragma unroll
+            for (int j = 0; j < V; j += 4) store_vec(out + c + j, v[i] + j);
         }
-        const float mean = block_sum(sum, red) / C;
+        if constexpr (!LN) return;
+        const float mean = warp_sum(sum) / C;
         float sq = 0.0f;
 #pragma unroll
-        for (int i = 0; i < EMB_VALUES; i++)
-            if (threadIdx.x + i * blockDim.x < C) sq += (v[i] - mean) * (v[i] - mean);
-        const float rstd = rsqrtf(block_sum(sq, red) / C + 1e-5f);
-        T *o = ln + (size_t)row * C;
+        for (int i = 0; i < NV; i++) {
+            if ((lane + 32 * i) * V >= C) break;
 #pragma unroll
-        for (int i = 0; i < EMB_VALUES; i++) {
-            const int c = threadIdx.x + i * blockDim.x;
-            if (c < C) o[c] = from_f32<T>((v[i] - mean) * rstd * lnw[c] + lnb[c]);
+            for (int j = 0; j < V; j++) sq += (v[i][j] - mean) * (v[i][j] - mean);
         }
+        const float rstd = rsqrtf(warp_sum(sq) / C + 1e-5f);
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int c = (lane + 32 * i) * V;
+            if (c >= C) break;
+            float g[V], b[V];
+#pragma unroll
+            for (int j = 0; j < V; j += 4) {
+                unpack(*reinterpret_cast<const uint4 *>(lnw + c + j), g + j, 0.0f);
+                unpack(*reinterpret_cast<const uint4 *>(lnb + c + j), b + j, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) g[j] = (v[i][j] - mean) * rstd * g[j] + b[j];
+            store_vec(o + c, g);
+        }
+    } else {
+        float sum = 0.0f;
+        for (int c = lane; c < C; c += 32) {
+            out[c] = to_f32(we[c]) + to_f32(pe[c]);
+            sum += out[c];
+        }
+        if constexpr (!LN) return;
+        const float mean = warp_sum(sum) / C;
+        float sq = 0.0f;
+        for (int c = lane; c < C; c += 32) sq += (out[c] - mean) * (out[c] - mean);
+        const float rstd = rsqrtf(warp_sum(sq) / C + 1e-5f);
+        for (int c = lane; c < C; c += 32) o[c] = from_f32<T>((out[c] - mean) * rstd * lnw[c] + lnb[c]);
     }
 }
 
 cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float *ln_b, const int *tokens,
                               const void *wte, const void *wpe, int M, int T, int pos, const int *pos_device, int C,
                               DType dt, cudaStream_t stream) {
-    const int fused_ln = ln && C <= EMB_LN_MAX_C;
-    int threads = C >= 256 ? 256 : ((C + 31) / 32) * 32;
-    if (fused_ln && C > threads * EMB_VALUES) threads = ((C + EMB_VALUES - 1) / EMB_VALUES + 31) / 32 * 32;
+    // The LayerNorm kernel's blocks: 2 warps (rows) up to 256 rows, so that a decode step's rows
+    // spread over more SMs, 4 above.
+    const int threads = M <= 256 ? 64 : 128;
+    const unsigned blocks = (unsigned)((M + threads / 32 - 1) / (threads / 32));
+    const size_t es = dtype_size(dt);
+    const uintptr_t bases = (uintptr_t)x | (uintptr_t)ln | (uintptr_t)ln_w | (uintptr_t)ln_b | (uintptr_t)wte |
+                            (uintptr_t)wpe;
+    const bool vec = C % (16 / es) == 0 && C <= kLaneValues * 32 && bases % 16 == 0;
     cudaError_t e = cudaSuccess;
     DISPATCH_DTYPE(dt, E, {
-        if (fused_ln)
-            e = launch_pdl(embedding_kernel<E, true>, dim3(M), dim3(threads), 0, stream, x, (E *)ln, ln_w, ln_b,
-                           tokens, (const E *)wte, (const E *)wpe, T, pos, pos_device, C);
+        if (ln && vec)
+            e = launch_pdl(embedding_kernel<E, true, true>, dim3(blocks), dim3(threads), 0, stream, x, (E *)ln, ln_w,
+                           ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
+        else if (ln)
+            e = launch_pdl(embedding_kernel<E, true, false>, dim3(blocks), dim3(threads), 0, stream, x, (E *)ln, ln_w,
+                           ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
+        else if (vec)
+            e = launch_pdl(embedding_kernel<E, false, true>, dim3(blocks), dim3(threads), 0, stream, x, (E *)NULL,
+                           ln_w, ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
         else
-            e = launch_pdl(embedding_kernel<E, false>, dim3(M), dim3(threads), 0, stream, x, (E *)NULL, ln_w, ln_b,
-                           tokens, (const E *)wte, (const E *)wpe, T, pos, pos_device, C);
+            e = launch_pdl(embedding_kernel<E, false, false>, dim3(blocks), dim3(threads), 0, stream, x, (E *)NULL,
+                           ln_w, ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
     });
-    if (e == cudaSuccess && ln && !fused_ln) e = layernorm_forward(ln, x, ln_w, ln_b, M, C, dt, stream);
     return e;
 }

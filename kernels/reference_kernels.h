@@ -9,8 +9,7 @@
 #include "gpu_engine.h"  // model.h, made C++-safe
 
 // embedding.cu: x[b*T + t] = wte[tokens[b*T + t]] + wpe[pos + t], fp32 [M, C]; unless ln is NULL,
-// also ln = LayerNorm(x) * ln_w + ln_b (dtype [M, C], as layernorm_forward's), in the same kernel
-// where C <= 8192.
+// also ln = LayerNorm(x) * ln_w + ln_b (dtype [M, C], as layernorm_forward's), in the same kernel.
 cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float *ln_b, const int *tokens,
                               const void *wte, const void *wpe, int M, int T, int pos, const int *pos_device, int C,
                               DType dt, cudaStream_t stream);

@@ -567,8 +567,8 @@ int main(void) {
                           .num_heads = 16, .channels = 1024}},
         {"xl_layer", {.max_seq_len = 32, .vocab_size = 1000, .padded_vocab_size = 1024, .num_layers = 1,
                       .num_heads = 25, .channels = 1600}},
-        // Wider than any GPT-2 (C 2304): the embedding kernel's LayerNorm with more than 256 threads a
-        // row (past the fused rows: 24 rows in check_against_cpu).
+        // Wider than any GPT-2 (C 2304): the embedding kernel's LayerNorm on its strided path, past the
+        // 2048 values its vectors take (past the fused rows: 24 rows in check_against_cpu).
         {"wide_layer", {.max_seq_len = 12, .vocab_size = 128, .padded_vocab_size = 128, .num_layers = 1,
                         .num_heads = 36, .channels = 2304}},
     };
