@@ -7,6 +7,7 @@
 #   make download        GPT-2 weights from the Hugging Face hub into model/ (MODEL=gpt2|gpt2-medium|...)
 #   CUDA_ARCH=...        override the fat-binary targets, e.g. "-gencode arch=compute_90a,code=sm_90a"
 #   make TRACE=1         build/gpu-trace/gpt2: kernels stamp a timeline (kernels/kernel_trace.cuh)
+#   make ktrace          build/libktrace.so: any run's kernels, memsets and copies through CUPTI (scripts/ktrace.c)
 
 CC        := gcc
 CUDA_HOME ?= /usr/local/cuda
@@ -59,7 +60,7 @@ endif
 LIB_OBJ    := $(HOST_OBJ) $(KERNEL_OBJ)
 TEST_BINS  := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 
-.PHONY: all test fuzz download clean
+.PHONY: all test fuzz download clean ktrace
 all: $(BIN)
 
 $(BIN): $(BUILD)/src/main.o $(LIB_OBJ)
@@ -88,6 +89,14 @@ build/fuzz/%: tests/%.c $(FUZZ_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
 	clang -O1 -g -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -Isrc -Ikernels -Itokenizer \
 	    -o $@ $< $(FUZZ_SRC) -lcjson -lpcre2-8 -lm
+
+# CUPTI ships with the toolkit; where it sits depends on how the toolkit was installed.
+CUPTI_DIRS := $(CUDA_HOME)/extras/CUPTI $(CUDA_HOME)
+ktrace: build/libktrace.so
+build/libktrace.so: scripts/ktrace.c
+	@mkdir -p build
+	$(CC) -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -shared -fPIC $(CUPTI_DIRS:%=-I%/include) -o $@ $< \
+	    $(foreach d,$(CUPTI_DIRS),-L$(d)/lib64 -L$(d)/lib -Wl,-rpath,$(d)/lib64 -Wl,-rpath,$(d)/lib) -lcupti
 
 download:
 	bash scripts/download_model.sh $(or $(MODEL),gpt2)

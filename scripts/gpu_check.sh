@@ -2,12 +2,14 @@
 # One call on a lent GPU machine: build for sm_90a, run the whole test suite there (GPU tests
 # included), compute-sanitizer (memcheck, racecheck) over the GPU unit tests, a fused-vs-reference
 # `compare`, and decode/prefill timings. Logs go to $OUT (or build/gpu/check).
-#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [crossover] [ttft] [ncu] [ncu_forward] [trace]
+#   bash scripts/gpu_check.sh [build] [units] [maketest] [sanitize|memcheck|racecheck] [compare] [time] [bench] [crossover] [ttft] [ncu] [ncu_forward] [trace] [ktrace]
 # (default: all but units, which runs only the GPU unit tests, a subset of maketest; ttft, which
 # times prompts on both sides of each change of route; ncu, which times each kernel of a batch-1
 # decode step alone, warm caches and free clocks; and trace, which builds `make TRACE=1` and times
-# the kernels inside the replayed batch-1 decode graph: docs/PERF.md, "Engine decode, session 2".
-# `compare`, `time`, `ttft`, `ncu` and `trace` use the 124M-shape model that tests/e2e_gpu.sh
+# the kernels inside the replayed batch-1 decode graph: docs/PERF.md, "Engine decode, session 2"; and
+# ktrace, which times every node of the 1024-token prompt's and the 8 x 1024 forward's graphs,
+# cuBLASLt's kernels and memsets included, through CUPTI (scripts/ktrace.c).
+# `compare`, `time`, `ttft`, `ncu`, `trace` and `ktrace` use the 124M-shape model that tests/e2e_gpu.sh
 # writes, or a random one when it is absent)
 set -u
 cd "$(dirname "$0")/.."
@@ -50,7 +52,7 @@ for s in $steps; do
                     "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" | tail -n 1)"
             done
         done ;;
-    compare|time|ttft|ncu|trace|ncu_forward)
+    compare|time|ttft|ncu|trace|ncu_forward|ktrace)
         if [ ! -f "$m" ]; then
             mkdir -p "$(dirname "$m")"
             python3 scripts/make_model.py --out "$m" --seed 5 --dtype bf16 >/dev/null
@@ -113,6 +115,14 @@ PY
         # 8 steps (~5 MB of records, small enough to come back from a lent machine for a second look)
         GPT2_TRACE="$out/trace.bin" build/gpu-trace/gpt2 -m "$m" -n 8 --ignore-eos --temp 0 -p "Hello" >/dev/null
         python3 scripts/trace_decode.py "$out/trace.bin" | tee "$out/trace.txt" ;;
+    ktrace)
+        make ktrace >"$out/build_ktrace.log" 2>&1 || { tail -n 5 "$out/build_ktrace.log"; exit 1; }
+        rm -f "$out/ktrace.txt"
+        for shape in "--prompts 1024 --no-forward" "--prompts 16"; do  # the prompt's graph, then the forward's
+            CUDA_INJECTION64_PATH=$PWD/build/libktrace.so KTRACE_OUT="$out/ktrace.csv" ./gpt2 bench -m "$m" \
+                --path fused --dtype bf16 --batches 1 --new 2 --runs 5 --warmup 2 --no-profile $shape >/dev/null 2>&1
+            python3 scripts/ktrace.py "$out/ktrace.csv" --min-nodes 80 | tee -a "$out/ktrace.txt"
+        done ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
