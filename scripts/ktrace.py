@@ -3,11 +3,11 @@
 
     python3 scripts/ktrace.py kt.csv [--min-nodes N] [--timeline K]
 
-A graph launch's nodes share one correlation id. Of the launches with at least N nodes (default 20)
-it prints each one's span (first start to last end), then for the median-span launch every
-kernel name's count, busy time and the gaps before it (its start minus the latest end before it:
-negative where programmatic dependent launch started it early), and with --timeline the first K
-nodes one by one. Times in microseconds."""
+A graph launch's nodes share one correlation id. Of the launches with at least N nodes (default 20;
+choose N so that only one kind of graph qualifies) it prints the spans (first start to last end:
+least, median, most), then for the median-span launch every kernel name's count, busy time and the
+gaps before it (its start minus the latest end before it: negative where programmatic dependent
+launch started it early), and with --timeline the first K nodes one by one. Times in microseconds."""
 import argparse
 import csv
 import statistics
