@@ -12,17 +12,6 @@
 template <typename T> constexpr int kVec = 16 / sizeof(T);
 constexpr int kLaneValues = 64;  // values a lane holds at most, in kLaneValues / kVec vectors: C <= 2048
 
-__device__ __forceinline__ void unpack(uint4 u, float *f, float) {
-    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ void unpack(uint4 u, float *f, bf16) {
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 p = __bfloat1622float2(h[i]);
-        f[2 * i] = p.x, f[2 * i + 1] = p.y;
-    }
-}
 template <typename T> __device__ __forceinline__ void store_vec(T *o, const float *f) {
     T v[kVec<T>];
 #pragma unroll
@@ -58,8 +47,8 @@ __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, cons
             const int c = (lane + 32 * i) * V;
             if (c >= C) break;
             float e[V];
-            unpack(*reinterpret_cast<const uint4 *>(we + c), v[i], T());
-            unpack(*reinterpret_cast<const uint4 *>(pe + c), e, T());
+            unpack16(we + c, v[i]);
+            unpack16(pe + c, e);
 #pragma unroll
             for (int j = 0; j < V; j++) v[i][j] += e[j], sum += v[i][j];
 #pragma unroll
@@ -82,8 +71,8 @@ __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, cons
             float g[V], b[V];
 #pragma unroll
             for (int j = 0; j < V; j += 4) {
-                unpack(*reinterpret_cast<const uint4 *>(lnw + c + j), g + j, 0.0f);
-                unpack(*reinterpret_cast<const uint4 *>(lnb + c + j), b + j, 0.0f);
+                unpack16(lnw + c + j, g + j);
+                unpack16(lnb + c + j, b + j);
             }
 #pragma unroll
             for (int j = 0; j < V; j++) g[j] = (v[i][j] - mean) * rstd * g[j] + b[j];

@@ -36,7 +36,7 @@
 // -inf maxima are kept out of the exponents explicitly.
 #include "cluster.cuh"
 #include "fused_attention.h"
-#include "kernel_util.h"  // device_attr
+#include "kernel_util.h"  // device_attr, unpack16
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "wgmma.cuh"
@@ -61,21 +61,6 @@ __device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
 template <typename E> __device__ __forceinline__ E from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-// 16 bytes of E as floats (4 fp32 or 8 bf16).
-__device__ __forceinline__ void unpack16(const float *p, float *f) {
-    float4 v = *reinterpret_cast<const float4 *>(p);
-    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
-}
-__device__ __forceinline__ void unpack16(const bf16 *p, float *f) {
-    uint4 v = *reinterpret_cast<const uint4 *>(p);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
 
 // 4 consecutive elements as a float4 (16-byte fp32 or 8-byte bf16 load).
 __device__ __forceinline__ float4 load4(const float *p) { return __ldg(reinterpret_cast<const float4 *>(p)); }

@@ -1,9 +1,11 @@
 // Small device helpers shared by the op kernels: the compute dtype as a template parameter
-// (float or __nv_bfloat16) with conversions to and from fp32, warp reductions, launch sizes.
+// (float or __nv_bfloat16) with conversions to and from fp32, 16-byte loads as floats, warp reductions,
+// launch sizes.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 #include "gpu_engine.h"  // model.h, made C++-safe
 
@@ -19,6 +21,21 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __f
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2 / pi)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// The 16 bytes at p (16-byte aligned) as floats: 4 fp32 or 8 bf16.
+__device__ __forceinline__ void unpack16(const float *p, float *f) {
+    float4 v = *reinterpret_cast<const float4 *>(p);
+    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+}
+__device__ __forceinline__ void unpack16(const bf16 *p, float *f) {
+    uint4 v = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
