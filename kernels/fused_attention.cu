@@ -14,7 +14,8 @@
 //                      the end, dividing the longest block's chain. The longest query tiles are
 //                      launched first. On sm_90a with HS = 64 both products run on wgmma instead
 //                      (wgmma.cuh), a warpgroup's 64 rows at a time, K and V read by the tensor
-//                      cores straight from their 128-byte-swizzled tiles: 11-18% faster.
+//                      cores straight from their 128-byte-swizzled tiles: 11-18% faster; there K and
+//                      V come by TMA wherever every key is on one side of the split (KvMaps).
 //   attn_prefill_simt  fp32 (and bf16 with HS % 8 != 0), T > 4: the same tiling on fp32 FMAs.
 //                      128 threads hold a 4 (or 2) x 8 score micro-tile each; Q and K sit
 //                      transposed in shared memory so every inner-loop read is conflict-free.
@@ -39,6 +40,7 @@
 #include "kernel_util.h"  // device_attr, unpack16
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -836,7 +838,9 @@ template <int HSP, int MI, int QW, int G, bool WG> struct MmaCfg {
     static constexpr size_t group = 2 * STAGES * ktile;  // a group's K and V buffers
     static constexpr size_t qtile = WG ? (BM * ST + 511) / 512 * 512 : BM * ST;  // the swizzled tiles 1024-byte aligned
     static constexpr size_t align = WG ? 1024 : 1;  // of the dynamic shared memory's start, with the slack
-    static constexpr size_t bytes = (qtile + G * group) * sizeof(bf16) + align - 1;  // Q, then each group's
+    static constexpr int BARS = WG ? G * STAGES : 0;  // TMA's K and V tiles: a barrier a group's buffer
+    // Q, then each group's buffers, then the barriers
+    static constexpr size_t bytes = (qtile + G * group) * sizeof(bf16) + BARS * sizeof(uint64_t) + align - 1;
     // a group's exchange (per thread: MI x (2 maxima, 2 sums, the accumulators)) fits in its buffers
     static constexpr int XV = MI * (4 + HSP / 2);
     static_assert(G == 1 || (size_t)XV * GT * sizeof(float) <= group * sizeof(bf16), "xch");
@@ -1087,18 +1091,33 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
     }
 }
 
+// K and V by TMA (the wgmma kernel where every key it reads sits on one side of the split: a prompt's
+// keys all in the qkv product's rows, or all in the cache): one 4-D map each (tma.cuh's
+// tensor_map_rows4) whose box is one 64-key tile of one head, keys past the end read as zeros. A
+// tile is then two copies issued by one thread and one barrier wait, not 64 x 8 cp.async over the
+// group's threads with their addresses, a wait and a proxy fence: ncu had counted the loads at a
+// quarter of the kernel's instructions (docs/PERF.md, "Session 17"). H200, bench_fused_attention,
+// us: B = 8, T = 1024 53.2 -> 44.8; B = 1, T = 1024 10.7 -> 10.1; B = 1, T = 512 6.5 -> 6.1
+// ("Session 41").
+struct KvMaps {
+    CUtensorMap k, v;
+    int head_first;  // 1: the head is the maps' first index after the column (the qkv rows), 0: the key (the cache)
+};
+
 // The grid is (NH, B, query tiles), the z index reversed: blocks start in index order, so the
 // longest (last) query tiles of every head go first and the short ones fill the tail.
-template <int HSP, int MI, int QW, int G, bool WG>
+template <int HSP, int MI, int QW, int G, bool WG, bool TMA>
 __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HSP, MI, QW, G, WG>::MINB)
     attn_prefill_mma(NewRows<bf16> nr, bf16 *__restrict__ kc, bf16 *__restrict__ vc, bf16 *__restrict__ out, int T,
-                     int pos, int NH, int HS, int max_seq, float scale_log2) {
+                     int pos, int NH, int HS, int max_seq, float scale_log2, const __grid_constant__ KvMaps maps) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     typedef MmaCfg<HSP, MI, QW, G, WG> Cfg;
     constexpr int BN = 64, BM = Cfg::BM, GT = Cfg::GT, ST = Cfg::ST, KST = Cfg::KST, NK = HSP / 16, NO = HSP / 8;
     constexpr int STAGES = Cfg::STAGES;
+    static_assert(!TMA || (WG && STAGES == 2), "TMA tiles: the wgmma kernel's two buffers a group");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    // Q [BM][ST], then per group: K [STAGES][64][KST], V the same; from a 1024-byte boundary for wgmma
+    // Q [BM][ST], then per group: K [STAGES][64][KST], V the same; from a 1024-byte boundary for wgmma;
+    // then (WG) a barrier per group and buffer
     unsigned char *smem = smem_raw + ((Cfg::align - __cvta_generic_to_shared(smem_raw) % Cfg::align) % Cfg::align);
     bf16 *Qs = reinterpret_cast<bf16 *>(smem);
 
@@ -1106,6 +1125,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
     const int grp = warp / QW, wq = warp % QW, gtid = tid % GT;
     bf16 *Kg = Qs + Cfg::qtile + grp * Cfg::group;
     bf16 *Vg = Kg + STAGES * Cfg::ktile;
+    uint64_t *kv_full = reinterpret_cast<uint64_t *>(Qs + Cfg::qtile + G * Cfg::group);  // TMA: [G][STAGES]
     const int h = blockIdx.x, b = blockIdx.y;
     const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
     const int C = NH * HS, L = pos + T;
@@ -1124,6 +1144,15 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
             Qs[r * ST + c] = z;
         }
     }
+    if constexpr (TMA) {
+        if (tid == 0) {
+            for (int i = 0; i < Cfg::BARS; i++) mbar_init(&kv_full[i], 1);
+            mbar_fence_init();
+            tma_prefetch_map(&maps.k), tma_prefetch_map(&maps.v);
+        }
+        __syncthreads();  // the barriers are initialised
+    }
+    kv_full += grp * STAGES;  // the group's
     pdl_launch_dependents();  // kernels/pdl.cuh: the next grid (a cuBLASLt GEMM: not PDL'd) may be scheduled
     pdl_wait();               // q, k, v come from the kernel before
     load_tile<HSP, ST, false, BM, Cfg::THREADS>(Qs, qs, q0, min(BM, T - q0), HS, tid);
@@ -1133,10 +1162,20 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
     const int ntiles = (kmax + BN - 1) / BN;
     const int nt = (ntiles - grp + G - 1) / G;  // this group's tiles: grp, grp + G, ...
     auto load_kv = [&](int j) {                 // the group's j-th tile
-        const int k0 = (grp + G * j) * BN, rows = min(BN, L - k0), buf = j % STAGES;
-        load_tile<HSP, KST, WG, 64, GT>(Kg + buf * Cfg::ktile, ks, k0, rows, HS, gtid);
-        load_tile<HSP, KST, WG, 64, GT>(Vg + buf * Cfg::ktile, vs, k0, rows, HS, gtid);
-        cp_async_commit();
+        const int k0 = (grp + G * j) * BN, buf = j % STAGES;
+        if constexpr (TMA) {
+            if (gtid == 0) {
+                const int c1 = maps.head_first ? h : k0, c2 = maps.head_first ? k0 : h;
+                mbar_arrive_expect_tx(&kv_full[buf], 2 * Cfg::ktile * sizeof(bf16));
+                tma_load_4d(Kg + buf * Cfg::ktile, &maps.k, c1, c2, b, &kv_full[buf]);
+                tma_load_4d(Vg + buf * Cfg::ktile, &maps.v, c1, c2, b, &kv_full[buf]);
+            }
+        } else {
+            const int rows = min(BN, L - k0);
+            load_tile<HSP, KST, WG, 64, GT>(Kg + buf * Cfg::ktile, ks, k0, rows, HS, gtid);
+            load_tile<HSP, KST, WG, 64, GT>(Vg + buf * Cfg::ktile, vs, k0, rows, HS, gtid);
+            cp_async_commit();
+        }
     };
     if (nt > 0) load_kv(0);
     // fused_attention_qkv: the block's own new keys and values [pos + q0, pos + q0 + BM) go into the
@@ -1152,7 +1191,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
             *reinterpret_cast<uint4 *>(vc + at) = *reinterpret_cast<const uint4 *>(Vb + in);
         }
     };
-    if (nt > 0) cp_async_wait<1>(); else cp_async_wait<0>();  // Q landed (this thread's part)
+    if (nt > 0 && !TMA) cp_async_wait<1>(); else cp_async_wait<0>();  // Q landed (this thread's part)
     __syncthreads();                                            // ... and everyone's, padding too
 
     const int wr0 = q0 + wq * 16 * MI;  // the warp's first query row (of the sequence)
@@ -1178,9 +1217,13 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
     const int dr0 = WG ? q0 + wq / 4 * 64 : wr0;
     for (int j = 0; j < nt; j++) {
         const int buf = j % STAGES;
-        cp_async_wait<0>();                // tile j (this thread's part)
-        if (WG) fence_proxy_async_smem();  // ... visible to wgmma
-        group_barrier<GT, G>(grp);         // everyone's; and the group is done with tile j - 1's buffer
+        if constexpr (TMA) {
+            mbar_wait(&kv_full[buf], (j / STAGES) & 1);  // tile j
+        } else {
+            cp_async_wait<0>();                // tile j (this thread's part)
+            if (WG) fence_proxy_async_smem();  // ... visible to wgmma
+        }
+        group_barrier<GT, G>(grp);  // everyone's; and the group is done with tile j - 1's buffer
         if (STAGES == 2 && j + 1 < nt) load_kv(j + 1);
         const bf16 *Kb = Kg + buf * Cfg::ktile, *Vb = Vg + buf * Cfg::ktile;
         const int k0 = (grp + G * j) * BN;
@@ -1485,17 +1528,39 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
     return launch_simt<E, 128, 32>(q, kc, vc, out, B, T, pos, NH, HS, max_seq, stream);
 }
 
+// The wgmma kernel's K and V maps (KvMaps) where every key is on one side of the split: a prompt at
+// position 0 through the qkv product (its rows [B T, 3C], head h's keys at column C + h HS), or keys
+// all in the cache ([B][NH][max_seq][HS]); false elsewhere (a later prompt through the qkv product,
+// whose tile at pos mixes both, takes cp.async).
+bool kv_maps(KvMaps *maps, const NewRows<bf16> &nr, const bf16 *kc, const bf16 *vc, int B, int T, int pos, int NH,
+             int HS, int max_seq) {
+    if (HS != 64 || !encode_tiled()) return false;
+    const int keys_tile[3] = {64, 1, 1}, head_tile[3] = {1, 64, 1};
+    if (nr.k_new) {
+        if (pos != 0) return false;
+        const long long dims[3] = {NH, T, B}, ld[3] = {HS, nr.ldq, (long long)T * nr.ldq};
+        maps->head_first = 1;
+        return tensor_map_rows4(&maps->k, nr.k_new, dims, ld, head_tile) &&
+               tensor_map_rows4(&maps->v, nr.v_new, dims, ld, head_tile);
+    }
+    const long long dims[3] = {pos + T, NH, B}, ld[3] = {HS, (long long)max_seq * HS, (long long)NH * max_seq * HS};
+    maps->head_first = 0;
+    return tensor_map_rows4(&maps->k, kc, dims, ld, keys_tile) && tensor_map_rows4(&maps->v, vc, dims, ld, keys_tile);
+}
+
 template <int HSP, int MI, int QW, int G, bool WG = false>
 cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *out, int B, int T, int pos, int NH,
                            int HS, int max_seq, cudaStream_t stream) {
     typedef MmaCfg<HSP, MI, QW, G, WG> Cfg;
-    auto kern = attn_prefill_mma<HSP, MI, QW, G, WG>;
+    KvMaps maps = {};
+    const bool tma = WG && kv_maps(&maps, nr, kc, vc, B, T, pos, NH, HS, max_seq);
+    auto kern = tma ? attn_prefill_mma<HSP, MI, QW, G, WG, WG> : attn_prefill_mma<HSP, MI, QW, G, WG, false>;
     cudaError_t e = allow_smem(kern, Cfg::bytes);
     if (e != cudaSuccess) return e;
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     dim3 grid(NH, B, (T + Cfg::BM - 1) / Cfg::BM);
     return launch_pdl(kern, grid, dim3(Cfg::THREADS), Cfg::bytes, stream, nr, kc, vc, out, T, pos, NH, HS, max_seq,
-                      scale_log2);
+                      scale_log2, maps);
 }
 
 // The wgmma prefill runs where its sm_90a code does: compute capability 9.0, from a build that has

@@ -1,7 +1,8 @@
 // Hopper's bulk copies (TMA) and the shared-memory barriers that count their bytes (sm_90a): what
-// the few-row products (gemm_rows.cu, logits_rows.cu) load their tiles with. A tile lands in shared
-// memory under the 128-byte swizzle that wgmma's descriptors read (wgmma.cuh), and its bytes
-// complete a phase of an mbarrier that the consumers wait on.
+// the few-row products (gemm_rows.cu, logits_rows.cu) and the wgmma prefill attention
+// (fused_attention.cu) load their tiles with. A tile lands in shared memory under the 128-byte
+// swizzle that wgmma's descriptors read (wgmma.cuh), and its bytes complete a phase of an mbarrier
+// that the consumers wait on.
 //
 // Compiled for any other target the device wrappers trap: callers launch the kernels that use them
 // only on compute capability 9.0 from a build that has sm_90a code (GPT2_SM90A).
@@ -76,6 +77,13 @@ __device__ __forceinline__ void tma_load_slices(void *dst, const CUtensorMap *ma
              "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(slice), "r"(smem_addr(bar))
              : "memory");
 }
+// The box of a 4-D map (tensor_map_rows4) at coordinates (0, c1, c2, c3).
+__device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c1, int c2, int c3, uint64_t *bar) {
+    SM90_ASM("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+             " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_addr(dst)),
+             "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+             : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     SM90_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -128,4 +136,20 @@ static inline bool tensor_map_slices(CUtensorMap *map, const void *p, int rows, 
            encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(p), dims, strides, box, elem_strides,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A bf16 tensor of 64-element rows indexed (column, i1, i2, i3): dims[j] entries along i(j+1), ld[j]
+// elements apart (increasing with j, ld[j] * 2 a multiple of 16), read in boxes of 64 columns x
+// box[0] x box[1] x box[2] under the 128-byte swizzle, entries past a dim read as zeros. The
+// attention's K and V tiles: 64 rows of one head's keys, whichever index runs along the keys.
+static inline bool tensor_map_rows4(CUtensorMap *map, const void *p, const long long (&dims)[3],
+                                    const long long (&ld)[3], const int (&box)[3]) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+    const cuuint64_t gdims[4] = {64, (cuuint64_t)dims[0], (cuuint64_t)dims[1], (cuuint64_t)dims[2]};
+    const cuuint64_t strides[3] = {(cuuint64_t)ld[0] * 2, (cuuint64_t)ld[1] * 2, (cuuint64_t)ld[2] * 2};
+    const cuuint32_t gbox[4] = {64, (cuuint32_t)box[0], (cuuint32_t)box[1], (cuuint32_t)box[2]};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    return encode && encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(p), gdims, strides, gbox,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
