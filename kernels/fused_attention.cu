@@ -1098,9 +1098,12 @@ __device__ __forceinline__ void attend_tile(const bf16 *Kb, const bf16 *Vb, cons
 // group's threads with their addresses, a wait and a proxy fence: ncu had counted the loads at a
 // quarter of the kernel's instructions (docs/PERF.md, "Session 17"). H200, bench_fused_attention,
 // us: B = 8, T = 1024 53.2 -> 44.8; B = 1, T = 1024 10.7 -> 10.1; B = 1, T = 512 6.5 -> 6.1
-// ("Session 41").
+// ("Session 41"). Through the qkv product (pos = 0) a block's own keys and values, whole tiles there,
+// go into the cache by two bulk copies from the same buffers, not store_own's 16-byte stores: the
+// engine's attention 59.0 -> 53.1 us a layer in the 8 x 1024 forward, 12.0 -> 11.4 at 1 x 1024.
 struct KvMaps {
     CUtensorMap k, v;
+    CUtensorMap k_cache, v_cache;  // the qkv route: where the block's own keys and values go (head_first = 1)
     int head_first;  // 1: the head is the maps' first index after the column (the qkv rows), 0: the key (the cache)
 };
 
@@ -1166,6 +1169,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
         if constexpr (TMA) {
             if (gtid == 0) {
                 const int c1 = maps.head_first ? h : k0, c2 = maps.head_first ? k0 : h;
+                tma_store_wait_read();  // the bulk copies of the block's own rows have read the buffer
                 mbar_arrive_expect_tx(&kv_full[buf], 2 * Cfg::ktile * sizeof(bf16));
                 tma_load_4d(Kg + buf * Cfg::ktile, &maps.k, c1, c2, b, &kv_full[buf]);
                 tma_load_4d(Vg + buf * Cfg::ktile, &maps.v, c1, c2, b, &kv_full[buf]);
@@ -1227,7 +1231,13 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
         if (STAGES == 2 && j + 1 < nt) load_kv(j + 1);
         const bf16 *Kb = Kg + buf * Cfg::ktile, *Vb = Vg + buf * Cfg::ktile;
         const int k0 = (grp + G * j) * BN;
-        if (nr.k_new && k0 + BN > own_lo) store_own(Kb, Vb, k0);
+        if (nr.k_new && k0 + BN > own_lo) {
+            if constexpr (TMA) {  // at pos = 0 the block's own rows are whole tiles: out by bulk copies
+                if (gtid == 0) tma_store_4d(&maps.k_cache, Kb, k0, h, b), tma_store_4d(&maps.v_cache, Vb, k0, h, b);
+            } else {
+                store_own(Kb, Vb, k0);
+            }
+        }
         if (k0 + BN - 1 <= pos + dr0)  // below the diagonal for every row
             attend_tile<HSP, MI, false, WG>(Kb, Vb, qf, o, m, l, lane, k0, 0, scale_log2);
         else if (k0 <= pos + dr0 + DR - 1)  // else no row sees a key of the tile
@@ -1238,6 +1248,7 @@ __global__ void __launch_bounds__(MmaCfg<HSP, MI, QW, G, WG>::THREADS, MmaCfg<HS
         }
     }
 
+    if (TMA && gtid == 0) tma_store_wait_read();  // the own rows' buffers are free for the exchange, and to exit
     if constexpr (G > 1) {
         // Groups 1.. hand their state to the same thread of group 0 (same rows and columns) through
         // their own buffers, laid out [value][thread] so that a group's stores hit distinct banks.
@@ -1534,18 +1545,21 @@ cudaError_t launch_prefill_simt(const E *q, const E *kc, const E *vc, E *out, in
 // whose tile at pos mixes both, takes cp.async).
 bool kv_maps(KvMaps *maps, const NewRows<bf16> &nr, const bf16 *kc, const bf16 *vc, int B, int T, int pos, int NH,
              int HS, int max_seq) {
-    if (HS != 64 || !encode_tiled()) return false;
+    if (HS != 64 || !encode_tiled() || (nr.k_new && pos != 0)) return false;
     const int keys_tile[3] = {64, 1, 1}, head_tile[3] = {1, 64, 1};
-    if (nr.k_new) {
-        if (pos != 0) return false;
+    const long long cache_dims[3] = {pos + T, NH, B},
+                    cache_ld[3] = {HS, (long long)max_seq * HS, (long long)NH * max_seq * HS};
+    if (nr.k_new) {  // read from the qkv rows; the block's own rows written into the cache
         const long long dims[3] = {NH, T, B}, ld[3] = {HS, nr.ldq, (long long)T * nr.ldq};
         maps->head_first = 1;
         return tensor_map_rows4(&maps->k, nr.k_new, dims, ld, head_tile) &&
-               tensor_map_rows4(&maps->v, nr.v_new, dims, ld, head_tile);
+               tensor_map_rows4(&maps->v, nr.v_new, dims, ld, head_tile) &&
+               tensor_map_rows4(&maps->k_cache, kc, cache_dims, cache_ld, keys_tile) &&
+               tensor_map_rows4(&maps->v_cache, vc, cache_dims, cache_ld, keys_tile);
     }
-    const long long dims[3] = {pos + T, NH, B}, ld[3] = {HS, (long long)max_seq * HS, (long long)NH * max_seq * HS};
     maps->head_first = 0;
-    return tensor_map_rows4(&maps->k, kc, dims, ld, keys_tile) && tensor_map_rows4(&maps->v, vc, dims, ld, keys_tile);
+    return tensor_map_rows4(&maps->k, kc, cache_dims, cache_ld, keys_tile) &&
+           tensor_map_rows4(&maps->v, vc, cache_dims, cache_ld, keys_tile);
 }
 
 template <int HSP, int MI, int QW, int G, bool WG = false>

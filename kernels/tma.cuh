@@ -84,6 +84,19 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
              "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
              : "memory");
 }
+// Shared memory at src into the box of a 4-D map at (0, c1, c2, c3) (entries past a dim are not
+// written), as one bulk group; src must not change until tma_store_wait_read() has returned.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, const void *src, int c1, int c2, int c3) {
+    SM90_ASM("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+             "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+             "r"(0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+             : "memory");
+}
+// Returns once this thread's bulk stores have read their shared memory (their global writes may still
+// be in flight; the grid's completion makes them visible).
+__device__ __forceinline__ void tma_store_wait_read() {
+    SM90_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     SM90_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
