@@ -123,15 +123,25 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
     return fn;
 }
 
+// Every map here: bf16, 64-element (128-byte) rows under the 128-byte swizzle that wgmma reads, a
+// tensor of `rank` dims (dims[0] = the 64 columns) with strides[i - 1] bytes along dim i, boxes of
+// box[i] entries, entries past a dim read as zeros (and not written by stores).
+static inline bool encode_sw128(CUtensorMap *map, const void *p, cuuint32_t rank, const cuuint64_t *dims,
+                                const cuuint64_t *strides, const cuuint32_t *box) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+    const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+    return encode && rank <= 5 &&
+           encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void *>(p), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // A bf16 [rows, K] matrix, rows ld elements apart, read in boxes of box_rows x 64 under the 128-byte
 // swizzle (rows and k past the end read as zeros). ld * 2 must be a multiple of 16.
 static inline bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, long long ld, int box_rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
-    return encode && encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    return encode_sw128(map, p, 2, dims, strides, box);
 }
 
 // The same matrix, K a multiple of 64, as K / 64 slices of 64 columns: one box holds box_slices
@@ -142,13 +152,9 @@ static inline bool tensor_map(CUtensorMap *map, const void *p, int rows, int K, 
 // past `rows` read as zeros.
 static inline bool tensor_map_slices(CUtensorMap *map, const void *p, int rows, int K, long long ld, int box_rows,
                                      int box_slices) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     const cuuint64_t dims[3] = {64, (cuuint64_t)rows, (cuuint64_t)(K / 64)}, strides[2] = {(cuuint64_t)ld * 2, 128};
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_slices}, elem_strides[3] = {1, 1, 1};
-    return encode && K % 64 == 0 && box_slices >= 1 && box_slices <= 256 &&
-           encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(p), dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)box_slices};
+    return K % 64 == 0 && box_slices >= 1 && box_slices <= 256 && encode_sw128(map, p, 3, dims, strides, box);
 }
 
 // A bf16 tensor of 64-element rows indexed (column, i1, i2, i3): dims[j] entries along i(j+1), ld[j]
@@ -157,12 +163,8 @@ static inline bool tensor_map_slices(CUtensorMap *map, const void *p, int rows, 
 // attention's K and V tiles: 64 rows of one head's keys, whichever index runs along the keys.
 static inline bool tensor_map_rows4(CUtensorMap *map, const void *p, const long long (&dims)[3],
                                     const long long (&ld)[3], const int (&box)[3]) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     const cuuint64_t gdims[4] = {64, (cuuint64_t)dims[0], (cuuint64_t)dims[1], (cuuint64_t)dims[2]};
     const cuuint64_t strides[3] = {(cuuint64_t)ld[0] * 2, (cuuint64_t)ld[1] * 2, (cuuint64_t)ld[2] * 2};
     const cuuint32_t gbox[4] = {64, (cuuint32_t)box[0], (cuuint32_t)box[1], (cuuint32_t)box[2]};
-    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    return encode && encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(p), gdims, strides, gbox,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return encode_sw128(map, p, 4, gdims, strides, gbox);
 }
