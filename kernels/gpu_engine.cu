@@ -13,6 +13,7 @@
 
 #include "block_ops.h"
 #include "cuda_check.h"
+#include "graph_memsets.h"
 #include "reference_kernels.h"
 #include "kernel_trace.cuh"
 #include "sampling.h"
@@ -470,11 +471,16 @@ static ForwardGraph *forward_graph(GpuEngine *g, const GpuStep *st, int all_posi
 }
 
 // Ends the capture on `stream` whose enqueue returned rc and, if both succeeded, instantiates the
-// graph into *exec. The capture is always ended, so the stream is usable after a failed enqueue.
+// graph into *exec, cuBLASLt's memset nodes turned into kernel nodes first (graph_memsets.h). The
+// capture is always ended, so the stream is usable after a failed enqueue.
 static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error *err) {
     cudaGraph_t graph = NULL;
     cudaError_t end = cudaStreamEndCapture(stream, &graph);
     if (rc == 0 && end != cudaSuccess) rc = cuda_fail(err, end, "cudaStreamEndCapture", __FILE__, __LINE__);
+    if (rc == 0) {
+        cudaError_t fills = graph_memsets_to_kernels(graph, NULL);
+        if (fills != cudaSuccess) rc = cuda_fail(err, fills, "graph_memsets_to_kernels", __FILE__, __LINE__);
+    }
     const char *dot = getenv("GPT2_GRAPH_DOT");  // PREFIX: each captured graph to PREFIX.N.dot
     if (rc == 0 && dot) {
         static int captured;

@@ -9,7 +9,8 @@
 // bias ~ 10); then buffers off their 256-byte alignment (a layer's weights inside one allocation
 // for odd widths), the plan cache (a repeated call builds no plan; more shapes than it holds evict
 // the least recently used, and an evicted shape comes back right), calls captured in a CUDA graph
-// (their plans built inside the capture, as a decode graph's first step builds them) replayed,
+// (their plans built inside the capture, as a decode graph's first step builds them) replayed
+// after their memset nodes became kernels (graph_memsets.h, tested first on nodes of every kind),
 // the timing of large products' candidates (tuning), and bad arguments; the logits' shape also
 // with padded output rows (ldy > N: only the N columns written).
 //
@@ -33,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm_rows.h"
+#include "graph_memsets.h"
 #include "logits_rows.h"
 #include "matmul_lt.h"
 
@@ -311,6 +313,92 @@ static void test_cache(void) {
     cudaFree(bx), cudaFree(bw), cudaFree(by);
 }
 
+// Nodes of graph of this type; memsets only of at most small_bytes in one row (0: any).
+static int count_nodes(cudaGraph_t graph, enum cudaGraphNodeType type, size_t small_bytes) {
+    size_t n = 0;
+    if (cudaGraphGetNodes(graph, NULL, &n) != cudaSuccess) return -1;
+    cudaGraphNode_t nodes[64];
+    if (n > 64 || cudaGraphGetNodes(graph, nodes, &n) != cudaSuccess) return -1;
+    int count = 0;
+    for (size_t i = 0; i < n; i++) {
+        enum cudaGraphNodeType t;
+        struct cudaMemsetParams m;
+        if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess) return -1;
+        if (t != type) continue;
+        if (type == cudaGraphNodeTypeMemset && small_bytes &&
+            (cudaGraphMemsetNodeGetParams(nodes[i], &m) != cudaSuccess || m.height != 1 ||
+             m.width * m.elementSize > small_bytes))
+            continue;
+        count++;
+    }
+    return count;
+}
+
+// graph_memsets_to_kernels on memsets of 1-, 2- and 4-byte elements, each copied on by a memcpy
+// node that depends on it, beside a two-row memset and one of 8 KiB that must stay memsets: three
+// kernel nodes, each copy now after a kernel, and every byte as the memsets would have left it.
+static void test_graph_memsets(void) {
+    const char *name = "graph_memsets_to_kernels: small memsets become kernels, edges kept";
+    enum { BYTES = 8192 };
+    const struct {
+        unsigned value, elem_size, width;
+    } small_sets[3] = {{0x5a, 1, 7}, {0xbeef, 2, 5}, {0xdeadbeef, 4, 3}};
+    unsigned char *buf = NULL, host[BYTES];
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    int ok = cuda_ok(cudaMalloc((void **)&buf, 8 * BYTES), "cudaMalloc") &&
+             cuda_ok(cudaMemset(buf, 0, 8 * BYTES), "cudaMemset") && cuda_ok(cudaGraphCreate(&graph, 0), "graph");
+    cudaGraphNode_t copies[3];
+    for (int i = 0; ok && i < 3; i++) {  // small memset i at buf + i * BYTES, copied to buf + (3 + i) * BYTES
+        cudaGraphNode_t set;
+        const struct cudaMemsetParams m = {buf + i * BYTES, 0, small_sets[i].value, small_sets[i].elem_size,
+                                           small_sets[i].width, 1};
+        ok = cuda_ok(cudaGraphAddMemsetNode(&set, graph, NULL, 0, &m), "memset node") &&
+             cuda_ok(cudaGraphAddMemcpyNode1D(&copies[i], graph, &set, 1, buf + (3 + i) * BYTES, buf + i * BYTES, 64,
+                                              cudaMemcpyDeviceToDevice),
+                     "memcpy node");
+    }
+    const struct cudaMemsetParams two_rows = {buf + 6 * BYTES, 64, 0x11, 1, 16, 2},
+                                  large = {buf + 7 * BYTES, 0, 0x22, 1, BYTES, 1};
+    cudaGraphNode_t unused;
+    int replaced = 0;
+    ok = ok && cuda_ok(cudaGraphAddMemsetNode(&unused, graph, NULL, 0, &two_rows), "memset node") &&
+         cuda_ok(cudaGraphAddMemsetNode(&unused, graph, NULL, 0, &large), "memset node") &&
+         cuda_ok(graph_memsets_to_kernels(graph, &replaced), "graph_memsets_to_kernels");
+    const int memsets = ok ? count_nodes(graph, cudaGraphNodeTypeMemset, 0) : -1,
+              kernels = ok ? count_nodes(graph, cudaGraphNodeTypeKernel, 0) : -1;
+    int after_kernel = 0;
+    for (int i = 0; ok && i < 3; i++) {
+        cudaGraphNode_t dep;
+        size_t nd = 1;
+        enum cudaGraphNodeType t;
+        after_kernel += cudaGraphNodeGetDependencies(copies[i], &dep, NULL, &nd) == cudaSuccess && nd == 1 &&
+                        cudaGraphNodeGetType(dep, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
+    }
+    ok = ok && cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate") &&
+         cuda_ok(cudaGraphLaunch(exec, stream), "launch") && cuda_ok(cudaStreamSynchronize(stream), name);
+    int wrong = 0;
+    for (int i = 0; ok && i < 8; i++) {
+        if (!cuda_ok(cudaMemcpy(host, buf + i * BYTES, BYTES, cudaMemcpyDeviceToHost), "download")) break;
+        for (int j = 0; j < BYTES; j++) {
+            unsigned char want = 0;
+            const int set = i < 6 ? i % 3 : -1;
+            if (set >= 0 && (i < 3 || j < 64) && j < (int)(small_sets[set].elem_size * small_sets[set].width))
+                want = (unsigned char)(small_sets[set].value >> (8 * (j % small_sets[set].elem_size)));
+            if (i == 6) want = (j % 64) < 16 && j < 128 ? 0x11 : 0;
+            if (i == 7) want = 0x22;
+            wrong += host[j] != want;
+        }
+    }
+    CHECK(ok && replaced == 3 && memsets == 2 && kernels == 3 && after_kernel == 3 && wrong == 0, name,
+          "replaced %d (want 3), memset nodes left %d (2), kernel nodes %d (3), copies after a kernel %d (3), "
+          "wrong bytes %d",
+          replaced, memsets, kernels, after_kernel, wrong);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaFree(buf);
+}
+
 // The product captured in a CUDA graph with its plan built inside the capture, replayed, against
 // the same call made eagerly afterwards (the plan now cached): the same bits. Then both against
 // the unfused steps.
@@ -322,10 +410,14 @@ static void test_graph(Case c) {
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     cublasStatus_t st = CUBLAS_STATUS_NOT_INITIALIZED;
+    int memsets = -1, fills = 0;
     if (cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture")) {
         st = run_lt(&c, &b, b.y_lt);
-        if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture"))
+        if (cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture") &&
+            cuda_ok(graph_memsets_to_kernels(graph, &fills), "graph_memsets_to_kernels")) {
+            memsets = count_nodes(graph, cudaGraphNodeTypeMemset, GRAPH_MEMSET_KERNEL_MAX_BYTES);
             cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+        }
     }
     const size_t n = (size_t)c.M * c.N;
     float *replayed = NULL, *eager = NULL;
@@ -344,7 +436,9 @@ static void test_graph(Case c) {
     } else {
         size_t differ = 0;
         for (size_t i = 0; i < n; i++) differ += memcmp(&replayed[i], &eager[i], sizeof(float)) != 0;
-        CHECK(differ == 0, name, "%zu of %zu elements differ between the replay and the eager call", differ, n);
+        CHECK(differ == 0 && memsets == 0, name,
+              "%zu of %zu elements differ between the replay and the eager call; %d small memset nodes left "
+              "(%d became kernels)", differ, n, memsets, fills);
         cublasStatus_t st_ref;
         float *ref = unfused_result(&c, &b, &st_ref);
         case_name(name, sizeof(name), &c, " graph replay vs unfused");
@@ -820,9 +914,12 @@ int main(void) {
             run_case(&c, "");
         }
     test_cache();
+    test_graph_memsets();
     for (int dt = 0; dt < 2; dt++)
         for (int ep = MATMUL_LT_NONE; ep <= MATMUL_LT_BIAS_GELU; ep++)
             test_graph((Case){(MatmulLtEpilogue)ep, (DType)dt, 77 + ep, 384, 256, 0, 0, 0});
+    if (!small)  // GPT-2's qkv at 8192 rows, whose algorithms zero their workspace by a memset (H200)
+        test_graph((Case){MATMUL_LT_BIAS, DTYPE_BF16, 8192, 2304, 768, 0, 0, 0});
     test_tuning();
     test_bad_args();
     if (gemm_rows_available())
