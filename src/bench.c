@@ -73,6 +73,7 @@ static void usage(void) {
             "  --runs N             timed runs per figure; the median is reported (default 5)\n"
             "  --warmup N           untimed runs before them (default 2; decode 1)\n"
             "  --new N              decode: new tokens per run (default 256)\n"
+            "  --depth N            decode: the prompt's length before the timed steps, so their context (default 16)\n"
             "  --batches LIST       decode batch sizes (default 1,8,32,64)\n"
             "  --prompts LIST       prefill prompt lengths (default 16,128,512,1024)\n"
             "  --temp T             time sampling at temperature T (0: greedy, the default)\n"
@@ -124,6 +125,7 @@ static void parse_args(BenchArgs *a, int argc, char **argv) {
         else if (!strcmp(f, "--top-k")) a->top_k = (int)cli_int(cli_value(argc, argv, &i), f, 0, 1 << 24);
         else if (!strcmp(f, "--top-p")) a->top_p = (float)cli_double(cli_value(argc, argv, &i), f, 0, 1);
         else if (!strcmp(f, "--new")) a->new_tokens = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1 << 20);
+        else if (!strcmp(f, "--depth")) a->decode_prompt = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1 << 20);
         else if (!strcmp(f, "--batches")) a->nbatches = parse_list(cli_value(argc, argv, &i), f, a->batches, 1, 4096);
         else if (!strcmp(f, "--prompts")) a->nprompts = parse_list(cli_value(argc, argv, &i), f, a->prompts, 1, 1 << 20);
         else if (!strcmp(f, "--path")) {
@@ -550,6 +552,11 @@ static Engine *make_engine(Bench *b, BenchPath path, DType dt, int max_batch, in
     return e;
 }
 
+// The timed decode steps of a run: --new of them, or as many as the context leaves after --depth.
+static int decode_steps(const BenchArgs *a, int maxT) {
+    return a->decode_prompt + a->new_tokens > maxT ? maxT - a->decode_prompt : a->new_tokens;
+}
+
 // Everything for one path and dtype, in two engines: one sized for the prefills and the full
 // forward (batch forward_B, the model's context), one for decode (the largest batch, prompt + new).
 static void bench_engine(Bench *b, BenchPath path, DType dt) {
@@ -583,8 +590,7 @@ static void bench_engine(Bench *b, BenchPath path, DType dt) {
     engine_free(e);
     free(logits);
 
-    int P = a->decode_prompt, N = a->new_tokens, maxB = 0;
-    if (P + N > maxT) N = maxT - P;
+    int P = a->decode_prompt, N = decode_steps(a, maxT), maxB = 0;
     for (int i = 0; i < a->nbatches; i++) maxB = a->batches[i] > maxB ? a->batches[i] : maxB;
     if (N < 1 || maxB < 1) return;
     int seq2 = P + N > CHECK_T ? P + N : CHECK_T;
@@ -639,7 +645,8 @@ static void print_table(const Bench *b) {
            "%d-token prompt (generation's step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the "
            "measured time; device ms: the step's CUDA graph alone, replayed back to back.\n"
            "Median of %d runs after %d warm-up (decode: %d).\n",
-           pick, a->forward_B, a->forward_T, a->new_tokens, pick, a->decode_prompt, a->runs, a->warmup,
+           pick, a->forward_B, a->forward_T, decode_steps(a, b->model->config.max_seq_len), pick, a->decode_prompt,
+           a->runs, a->warmup,
            a->warmup < 1 ? a->warmup : 1);
 #ifdef GPT2_CUDA
     if (b->nbreakdowns) {
@@ -827,6 +834,9 @@ int cmd_bench(int argc, char **argv) {
     }
     gpt2_model_describe(&model, stderr);
     b.model = &model;
+    if (a.decode_prompt >= model.config.max_seq_len && a.nbatches > 0)
+        cli_usage_error("--depth %d: the model's context is %d positions, so at most %d", a.decode_prompt,
+                        model.config.max_seq_len, model.config.max_seq_len - 1);
 
     // Every dtype the model allows: fp32 weights run as fp32 or bf16; bf16 weights as bf16.
     int dtypes = a.dtypes ? a.dtypes : model.dtype == DTYPE_F32 ? (1 << DTYPE_F32 | 1 << DTYPE_BF16) : 1 << DTYPE_BF16;

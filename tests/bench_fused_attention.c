@@ -1,6 +1,6 @@
 // Micro-benchmark: fused_attention against the unfused baseline at GPT-2 124M shapes (NH=12, HS=64,
 // max_seq=1024): prefill B=1/8 x T=1024 (or the T given), and decode T=1 at cache lengths 16, 272, 1024
-// for B=1/8/64;
+// for B=1/8/64 (or the B and cache length given);
 // fp32 and bf16. Build: make build/gpu/tests/bench_fused_attention (not run by make test).
 //
 // Baseline (what an engine without fused attention runs): cuBLAS batched Q K^T into fp32 scores
@@ -273,6 +273,10 @@ int main(int argc, char **argv) {
             if ((!kind || !strcmp(kind, "prefill")) && (!onlyB || onlyB == B))
                 bench_case(h, st, dt, B, onlyL ? onlyL : 1024, 0, bw);
         const int Ls[3] = {16, 272, 1024}, Bs[3] = {1, 8, 64};
+        if (kind && !strcmp(kind, "decode") && onlyB && onlyL) {  // any batch and cache length
+            bench_case(h, st, dt, onlyB, 1, onlyL - 1, bw);
+            continue;
+        }
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 3; j++)
                 if ((!kind || !strcmp(kind, "decode")) && (!onlyB || onlyB == Bs[j]) && (!onlyL || onlyL == Ls[i]))

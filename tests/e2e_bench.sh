@@ -73,6 +73,16 @@ echo "$out" | grep -q "3 sampled (--temp 0.8 --top-k 40 --top-p 0.9) tokens" &&
         "$dir/smp.json"
 check bench_sampled_settings $? "stdout: $(echo "$out" | tail -n 4); $(grep -o '"sampling": {[^}]*}' "$dir/smp.json")"
 
+# Decode at a depth: the timed steps follow a prompt of that length, as the table and the JSON say.
+out=$("$GPT2_BIN" bench --cpu --size tiny --quick --prompts 16 --batches 1 --new 2 --no-forward --depth 40 \
+      --json "$dir/depth.json" 2>"$dir/depth.err"); rc=$?
+check bench_depth_runs $rc "exit $rc: $(tail -n 3 "$dir/depth.err")"
+echo "$out" | grep -Eq "^cpu +fp32 decode +1 +40 +2 " && echo "$out" | grep -q "after a 40-token prompt" &&
+    "$PYJ" -c 'import json,sys; r=[r for r in json.load(open(sys.argv[1]))["results"] if r["phase"]=="decode"]; assert [x["prompt_len"] for x in r] == [40], r' \
+        "$dir/depth.json"
+check bench_depth_in_table_and_json $? "stdout: $(echo "$out" | grep decode)"
+expect_error bench_depth_past_context "--depth 1024: the model's context is 1024 positions, so at most 1023" \
+    "$GPT2_BIN" bench --cpu --size tiny --depth 1024
 expect_error bench_bad_size "--size: '7B'" "$GPT2_BIN" bench --cpu --size 7B
 expect_error bench_bad_top_p "--top-p: '2' is not a number in 0..1" "$GPT2_BIN" bench --cpu --top-p 2
 expect_error bench_bad_batches "--batches: 'x' is not an integer" "$GPT2_BIN" bench --cpu --batches 1,x
