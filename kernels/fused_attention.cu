@@ -1372,27 +1372,51 @@ long long workspace_splits(long long bh, int T, int HS, const void *ws, size_t w
     return (long long)((ws_bytes - kCounterBytes) / per_split);
 }
 
-// Keys per block (a multiple of 64) for bh heads of L keys: minimise waves x (tiles per block + 1),
-// the +1 for a block's fixed costs (q, the partial, the merge), with at most max_splits blocks a head.
+// Keys per block (a multiple of 64) for heads of L keys, with at most max_splits blocks a head: the
+// split count whose cost(splits, tiles per block, tiles of a head) is least (the first of equals).
 struct Split {
     int chunk, splits;
 };
-Split choose_split(long long bh, int L, int blocks_per_sm_, long long max_splits) {
+template <typename Cost> Split choose_split(int L, long long max_splits, Cost cost) {
     const int ntiles = (L + kDecodeKT - 1) / kDecodeKT;
-    const long long slots = (long long)blocks_per_sm_ * sm_count();
     if (max_splits > ntiles) max_splits = ntiles;
     if (max_splits < 1) max_splits = 1;
-    long long best = 1, best_cost = -1;
+    Split best = {ntiles * kDecodeKT, 1};
+    double best_cost = -1;
     for (long long sp = 1; sp <= max_splits; sp++) {
-        const long long per_block = (ntiles + sp - 1) / sp;
-        const long long cost = ((bh * sp + slots - 1) / slots) * (per_block + 1);
-        if (best_cost < 0 || cost < best_cost) { best = sp; best_cost = cost; }
+        const int per_block = (int)((ntiles + sp - 1) / sp), splits = (ntiles + per_block - 1) / per_block;
+        const double c = cost(splits, per_block, ntiles);
+        if (best_cost < 0 || c < best_cost) best = {per_block * kDecodeKT, splits}, best_cost = c;
     }
-    const int chunk_tiles = (int)((ntiles + best - 1) / best);
-    Split s;
-    s.chunk = chunk_tiles * kDecodeKT;
-    s.splits = (ntiles + chunk_tiles - 1) / chunk_tiles;
-    return s;
+    return best;
+}
+
+// attn_decode's cost: waves x (tiles per block + 1), the +1 for a block's fixed costs (q, the partial,
+// the merge), for bh heads and blocks_per_sm_ blocks an SM.
+Split split_waves(long long bh, int L, int blocks_per_sm_, long long max_splits) {
+    const long long slots = (long long)blocks_per_sm_ * sm_count();
+    return choose_split(L, max_splits, [&](int splits, int per_block, int) {
+        return (double)((bh * splits + slots - 1) / slots) * (per_block + 1);
+    });
+}
+
+// attn_decode1's cost, in tile latencies, is the larger of two bounds for bh heads:
+//   its chain: waves x (tiles per block + 6 for a block's fixed costs: its start, q, the partial, the
+//              merge in its cluster);
+//   DRAM: every head's tiles streamed by the resident blocks, 0.4 of a tile a latency each once
+//         bandwidth is the limit (more blocks resident, more bytes in flight);
+// with one block an SM fewer than fit, for the neighbouring kernels' early-launched blocks. Fitted to
+// the engine's decode on an H200 at 1-128 sequences of 272-1024 keys, every split count forced
+// (docs/PERF.md, "Session 43"): within 3.8% of the best count everywhere, where waves x (tiles + 1)
+// lost up to 18% (64 sequences of 1024 keys: one block a head, against two).
+Split split_streams(long long bh, int L, int blocks_per_sm_, long long max_splits) {
+    const double slots = (double)(blocks_per_sm_ > 1 ? blocks_per_sm_ - 1 : 1) * sm_count();
+    return choose_split(L, max_splits, [&](int splits, int per_block, int ntiles) {
+        const double blocks = (double)bh * splits;
+        const double chain = ceil(blocks / slots) * (per_block + 6);
+        const double dram = (double)bh * ntiles / (fmin(blocks, slots) * 0.4);
+        return fmax(chain, dram);
+    });
 }
 
 template <typename E, int TQ>
@@ -1404,7 +1428,7 @@ cudaError_t launch_decode_tq(const E *q, const E *kc, const E *vc, E *out, int B
     if (e != cudaSuccess) return e;
     const long long bh = (long long)B * NH;
     const Split sp =
-        choose_split(bh, pos + T, blocks_per_sm(kern, lay.total), workspace_splits(bh, T, HS, ws, ws_bytes));
+        split_waves(bh, pos + T, blocks_per_sm(kern, lay.total), workspace_splits(bh, T, HS, ws, ws_bytes));
     if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
     const bool vec = HS % (16 / sizeof(E)) == 0 && aligned16(kc) && aligned16(vc);
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
@@ -1453,8 +1477,8 @@ cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, in
     auto kern_cl = attn_decode1<E, QIT, true>;
     const long long bh = (long long)B * NH;
     const int cl_splits = decode_cluster_splits(kern_cl);
-    const Split sp = choose_split(bh, pos + 1, cl_splits ? blocks_per_sm(kern_cl, 0) : blocks_per_sm(kern, 0),
-                                  cl_splits ? cl_splits : workspace_splits(bh, 1, HS, ws, ws_bytes));
+    const Split sp = split_streams(bh, pos + 1, cl_splits ? blocks_per_sm(kern_cl, 0) : blocks_per_sm(kern, 0),
+                                   cl_splits ? cl_splits : workspace_splits(bh, 1, HS, ws, ws_bytes));
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     const dim3 grid((unsigned)sp.splits, NH, B);
     if (cl_splits && sp.splits > 1)
