@@ -73,7 +73,7 @@ static void usage(void) {
             "  --runs N             timed runs per figure; the median is reported (default 5)\n"
             "  --warmup N           untimed runs before them (default 2; decode 1)\n"
             "  --new N              decode: new tokens per run (default 256)\n"
-            "  --depth N            decode: the prompt's length before the timed steps, so their context (default 16)\n"
+            "  --depth N            decode: time the steps that follow an N-token prompt (default 16)\n"
             "  --batches LIST       decode batch sizes (default 1,8,32,64)\n"
             "  --prompts LIST       prefill prompt lengths (default 16,128,512,1024)\n"
             "  --temp T             time sampling at temperature T (0: greedy, the default)\n"
