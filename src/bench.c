@@ -50,7 +50,8 @@ typedef struct {
     int quick, cpu, kernels, profile, forward;
     int paths;   // bit per BenchPath
     int dtypes;  // bit per DType; 0: every dtype the model allows
-    int runs, warmup, new_tokens, decode_prompt;
+    int runs, warmup, new_tokens;
+    int depth;  // decode: the prompt before the timed steps (--depth)
     float temperature, top_p;  // the sampler of the timed picks (generation's flags): 0 greedy
     int top_k;
     int prompts[MAX_LIST], nprompts;
@@ -103,7 +104,7 @@ static int parse_list(const char *s, const char *flag, int *out, int lo, int hi)
 
 static void parse_args(BenchArgs *a, int argc, char **argv) {
     *a = (BenchArgs){.size = "124M", .profile = 1, .forward = 1, .runs = -1, .warmup = -1, .new_tokens = -1,
-                     .decode_prompt = 16, .forward_B = 8, .forward_T = 1024, .seed = 1, .top_p = 1.0f,
+                     .depth = 16, .forward_B = 8, .forward_T = 1024, .seed = 1, .top_p = 1.0f,
                      .paths = 1 << PATH_FUSED | 1 << PATH_REFERENCE, .nprompts = -1, .nbatches = -1};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -125,7 +126,7 @@ static void parse_args(BenchArgs *a, int argc, char **argv) {
         else if (!strcmp(f, "--top-k")) a->top_k = (int)cli_int(cli_value(argc, argv, &i), f, 0, 1 << 24);
         else if (!strcmp(f, "--top-p")) a->top_p = (float)cli_double(cli_value(argc, argv, &i), f, 0, 1);
         else if (!strcmp(f, "--new")) a->new_tokens = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1 << 20);
-        else if (!strcmp(f, "--depth")) a->decode_prompt = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1 << 20);
+        else if (!strcmp(f, "--depth")) a->depth = (int)cli_int(cli_value(argc, argv, &i), f, 1, 1 << 20);
         else if (!strcmp(f, "--batches")) a->nbatches = parse_list(cli_value(argc, argv, &i), f, a->batches, 1, 4096);
         else if (!strcmp(f, "--prompts")) a->nprompts = parse_list(cli_value(argc, argv, &i), f, a->prompts, 1, 1 << 20);
         else if (!strcmp(f, "--path")) {
@@ -554,7 +555,7 @@ static Engine *make_engine(Bench *b, BenchPath path, DType dt, int max_batch, in
 
 // The timed decode steps of a run: --new of them, or as many as the context leaves after --depth.
 static int decode_steps(const BenchArgs *a, int maxT) {
-    return a->decode_prompt + a->new_tokens > maxT ? maxT - a->decode_prompt : a->new_tokens;
+    return a->depth + a->new_tokens > maxT ? maxT - a->depth : a->new_tokens;
 }
 
 // Everything for one path and dtype, in two engines: one sized for the prefills and the full
@@ -590,7 +591,7 @@ static void bench_engine(Bench *b, BenchPath path, DType dt) {
     engine_free(e);
     free(logits);
 
-    int P = a->decode_prompt, N = decode_steps(a, maxT), maxB = 0;
+    int P = a->depth, N = decode_steps(a, maxT), maxB = 0;
     for (int i = 0; i < a->nbatches; i++) maxB = a->batches[i] > maxB ? a->batches[i] : maxB;
     if (N < 1 || maxB < 1) return;
     int seq2 = P + N > CHECK_T ? P + N : CHECK_T;
@@ -645,7 +646,7 @@ static void print_table(const Bench *b) {
            "%d-token prompt (generation's step);\nroofline: (weights + KV cache bytes per step) / copy bandwidth over the "
            "measured time; device ms: the step's CUDA graph alone, replayed back to back.\n"
            "Median of %d runs after %d warm-up (decode: %d).\n",
-           pick, a->forward_B, a->forward_T, decode_steps(a, b->model->config.max_seq_len), pick, a->decode_prompt,
+           pick, a->forward_B, a->forward_T, decode_steps(a, b->model->config.max_seq_len), pick, a->depth,
            a->runs, a->warmup,
            a->warmup < 1 ? a->warmup : 1);
 #ifdef GPT2_CUDA
@@ -834,8 +835,8 @@ int cmd_bench(int argc, char **argv) {
     }
     gpt2_model_describe(&model, stderr);
     b.model = &model;
-    if (a.decode_prompt >= model.config.max_seq_len && a.nbatches > 0)
-        cli_usage_error("--depth %d: the model's context is %d positions, so at most %d", a.decode_prompt,
+    if (a.depth >= model.config.max_seq_len && a.nbatches > 0)
+        cli_usage_error("--depth %d: the model's context is %d positions, so at most %d", a.depth,
                         model.config.max_seq_len, model.config.max_seq_len - 1);
 
     // Every dtype the model allows: fp32 weights run as fp32 or bf16; bf16 weights as bf16.
