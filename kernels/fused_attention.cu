@@ -185,11 +185,15 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // graph a chain of early-launched kernels could reach back into the previous step, so there the
 // loads wait.
 // CL (sm_90 on): a head's split blocks are one cluster along x, and they merge in block 0's shared
-// memory: each block stores its partial there (distributed shared memory) and arrives on the
-// cluster barrier; block 0 waits and merges. No workspace, fence or ticket: the merge of 2-9
-// splits through global memory cost batch 1 ~10% of a step at long caches (docs/PERF.md, "Session
-// 13"). Two barrier phases: every block arrives at the start ("started"), and waits on that phase
-// before its first remote store, so block 0 is running when the stores land; then the partials.
+// memory. No workspace, fence or ticket: the merge of 2-9 splits through global memory cost batch 1
+// ~10% of a step at long caches (docs/PERF.md, "Session 13"). Every block arrives on the cluster
+// barrier at the start ("started"; block 0 has initialised its mbarrier by then), and the others
+// wait on that phase before they send, so block 0 is running when their partials land. Each sends
+// its partial as 8-byte st_async whose bytes count on block 0's mbarrier; block 0's threads arrive
+// on it (their own row), wait for the bytes thread 0 expects, arrive on the cluster barrier
+// ("received", which the senders wait on before they leave) and merge. The partials by plain
+// remote stores and a cluster barrier (whose release waits for them) took ~1 us more at 16
+// splits, a batch-1 step at 1024 keys 4.5% longer (docs/PERF.md, "Session 44").
 // The blocks past the cache leave at once, which the barrier allows (kernels/cluster.cuh).
 constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
 template <typename E, int QIT, bool CL>
@@ -200,7 +204,14 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
                                                          int max_seq, int chunk, float scale_log2) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the next kernel's weights start streaming now
-    if constexpr (CL) cluster_arrive_relaxed();  // "started"
+    __shared__ __align__(8) uint64_t partials_in;  // CL, block 0: the other splits' partials, by their bytes
+    if constexpr (CL) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            mbar_init(&partials_in, kThreads);
+            mbar_fence_init();  // before the arrive below: another block may send once it has waited
+        }
+        cluster_arrive_relaxed();  // "started"
+    }
     // A decode graph's position (the grid was laid out for the bound): copied before the step's
     // first kernel, so it may be read before the wait.
     if (pos_device) pos = *pos_device;
@@ -213,7 +224,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     constexpr int NS = 16;                     // streams per block
     __shared__ __align__(16) float sm_acc[NS][QIT * 8 * VW];
     __shared__ float sm_m[NS], sm_l[NS], res[QIT * 8 * VW], ms[1], ls[1];
-    __shared__ float table[CL ? kMaxClusterSplits : 1][CL ? 2 + QIT * 8 * VW : 1];  // CL: the splits' partials
+    // CL, block 0: the splits' partials, a row each: acc at [0, HS), then the max and the sum at kMl.
+    constexpr int kMl = QIT * 8 * VW;
+    __shared__ __align__(16) float table[CL ? kMaxClusterSplits : 1][CL ? kMl + 4 : 1];
+    static_assert(kMl <= kThreads, "one output dimension a thread");
 
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, sub = lane & 7, stream = tid >> 3;
@@ -315,6 +329,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
         }
     }
 
+    trace_mark(TRACE_PHASE + 0);  // TRACE=1 builds (kernel_trace.cuh): this block's keys are done
     // Merge the 16 streams (a stream with no key has m = -inf, weight 0).
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
@@ -339,32 +354,56 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
         w[s2] = exp2f(sm_m[s2] - M);
         den = fmaf(w[s2], sm_l[s2], den);
     }
-    // The block's partial: the output itself when it is the only split; else into row `split` of
-    // block 0's table (CL), or res for finish_split.
+    // The block's partial, dimension d = tid: the output itself when it is the only split; else row
+    // `split` of block 0's table (CL), or res for finish_split.
     E *outh = out + (size_t)b * C + h * HS;
-    if constexpr (CL)
-        if (splits > 1) cluster_wait();  // "started": block 0 is running
-    for (int d = tid; d < HS; d += kThreads) {
-        float num = 0.f;
+    const int d = tid;
+    float num = 0.f;
+    if (d < HS)
 #pragma unroll
         for (int s2 = 0; s2 < NS; s2++) num = fmaf(w[s2], sm_acc[s2][d], num);
-        if (splits == 1) outh[d] = from_f<E>(num / den);
-        else if constexpr (CL) st_cluster(cluster_map(&table[split][2 + d], 0), num);
-        else res[d] = num;
-    }
-    if (splits == 1) return;
-    if constexpr (CL) {
-        if (tid == 0) {
-            st_cluster(cluster_map(&table[split][0], 0), M);
-            st_cluster(cluster_map(&table[split][1], 0), den);
-        }
-        cluster_arrive();  // release: this block's stores are visible to block 0's wait
-        if (split != 0) return;
-        cluster_wait();
-        for (int d = tid; d < HS; d += kThreads)
-            outh[d] = from_f<E>(merge_splits(splits, d, [&](int sp, int j) { return table[sp][j]; }));
+    trace_mark(TRACE_PHASE + 1);  // TRACE=1 builds: the block's streams are merged
+    if (splits == 1) {
+        if (d < HS) outh[d] = from_f<E>(num / den);
         return;
     }
+    if constexpr (CL) {
+        if (split == 0) {
+            if (d < HS) table[0][d] = num;
+            if (tid == 0) {
+                table[0][kMl] = M;
+                table[0][kMl + 1] = den;
+                mbar_arrive_expect_tx(&partials_in, (uint32_t)(splits - 1) * (HS + 2) * (uint32_t)sizeof(float));
+            } else {
+                mbar_arrive(&partials_in);  // release: row 0's values
+            }
+            // "Started" (long complete): compute-sanitizer's racecheck lets the other blocks run up
+            // to their next cluster barrier only while this one waits on one; spinning on the
+            // mbarrier alone, it waited forever.
+            cluster_wait();
+            mbar_wait_cluster(&partials_in, 0);  // row 0 and rows 1 .. splits - 1
+            trace_mark(TRACE_PHASE + 2);         // every split's partial has landed
+            cluster_arrive_relaxed();            // "received": the senders may leave
+            if (d < HS)
+                outh[d] = from_f<E>(merge_splits(
+                    splits, d, [&](int sp, int j) { return j < 2 ? table[sp][kMl + j] : table[sp][j - 2]; }));
+            return;
+        }
+        // Dimensions d and d + 1 (HS is even) from two lanes into one 8-byte store.
+        const float next = __shfl_down_sync(0xffffffffu, num, 1);
+        cluster_wait();  // "started": block 0 is running and its mbarrier initialised
+        const uint32_t bar = cluster_map(&partials_in, 0);
+        if (d < HS && d % 2 == 0)
+            st_async(cluster_map(&table[split][d], 0), make_uint2(__float_as_uint(num), __float_as_uint(next)), bar);
+        if (tid == 0)
+            st_async(cluster_map(&table[split][kMl], 0), make_uint2(__float_as_uint(M), __float_as_uint(den)), bar);
+        // A block leaves only once its distributed shared-memory operations are complete (CUDA
+        // programming guide): once block 0 has counted every byte.
+        cluster_arrive_relaxed();
+        cluster_wait();
+        return;
+    }
+    if (d < HS) res[d] = num;
     if (tid == 0) { ms[0] = M; ls[0] = den; }
     __syncthreads();
     finish_split(part + bh * splits * ((size_t)HS + 2), counters + bh, outh, 1, HS, C, split, splits, res, ms, ls);

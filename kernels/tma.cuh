@@ -4,8 +4,10 @@
 // swizzle that wgmma's descriptors read (wgmma.cuh), and its bytes complete a phase of an mbarrier
 // that the consumers wait on.
 //
-// Compiled for any other target the device wrappers trap: callers launch the kernels that use them
-// only on compute capability 9.0 from a build that has sm_90a code (GPT2_SM90A).
+// Compiled for any other target the bulk copies trap: callers launch the kernels that use them
+// only on compute capability 9.0 from a build that has sm_90a code (GPT2_SM90A). The mbarriers are
+// sm_90's, not sm_90a's, so they also serve kernels that run from the PTX on later devices (the
+// decode attention's cluster merge); before sm_90 they trap.
 #pragma once
 
 #include <cuda.h>          // CUtensorMap
@@ -22,27 +24,33 @@
 // ----------------------------------------------------------------------------
 // mbarriers
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MBAR_ASM(...) __trap()
+#else
+#define MBAR_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int arrivals) {
-    SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+    MBAR_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
 // Makes the initialised barriers visible to the async proxy (TMA's completions) and to the cluster.
-__device__ __forceinline__ void mbar_fence_init() { SM90_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_fence_init() { MBAR_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 // This thread's arrival, announcing `bytes` of TMA traffic the phase must also wait for.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-    SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+    MBAR_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 // This thread's arrival (release: its earlier shared-memory reads are done before the phase completes).
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+    MBAR_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // Returns once the barrier's phase of this parity has completed (phases alternate 0, 1, 0, ...).
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
     uint32_t done = 0;
     do {
-        SM90_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        MBAR_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
                  : "r"(smem_addr(bar)), "r"(parity)
                  : "memory");
@@ -52,7 +60,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t *bar, uint32_t parity) {
     uint32_t done = 0;
     do {
-        SM90_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        MBAR_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
                  "selp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
                  : "r"(smem_addr(bar)), "r"(parity)
@@ -102,6 +110,7 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 }
 
 #undef SM90_ASM
+#undef MBAR_ASM
 
 // ----------------------------------------------------------------------------
 // Tensor maps (host)

@@ -94,7 +94,11 @@ def main():
                 launches.append((min(ev[0]), gid, ev))
                 starts = {r[5]: (r[1], r[3]) for r in rs if r[2] == 0}
                 exits = {r[5]: r[1] for r in rs if r[2] == 2}
-                block_sm[id(ev)] = [(b, sm, t, exits.get(b)) for b, (t, sm) in starts.items()]
+                marks = collections.defaultdict(dict)  # block -> {phase: time}
+                for r in rs:
+                    if r[2] >= 3:
+                        marks[r[5]][r[2] - 3] = r[1]
+                block_sm[id(ev)] = [(b, sm, t, exits.get(b), marks[b]) for b, (t, sm) in starts.items()]
     launches.sort(key=lambda x: x[0])
     # Steps: a decode graph's replays; each starts with its first kernel (the embedding), the
     # earliest-starting grid id of those launched more than once. A prefill's kernels and
@@ -178,11 +182,12 @@ def print_blocks(spec, names_in_step, ks, block_sm, n_layer0, n_ops):
     release = min(ks[idx][2][1])
     on_sm = collections.defaultdict(list)
     for j in range(max(0, idx - 3), idx):
-        for _b, sm, t, e in block_sm[id(ks[j][2])]:
+        for _b, sm, t, e, _m in block_sm[id(ks[j][2])]:
             on_sm[sm].append(f"{names_in_step[j]}[{(t - release) / 1e3:+.2f},{(e - release) / 1e3:+.2f}]")
-    print(f"\n{name} of layer {layer}, middle step: its blocks, us after its release")
-    for b, sm, t, e in sorted(block_sm[id(ks[idx][2])], key=lambda x: x[2]):
-        print(f"  block {b:4d} SM {sm:3d} start {(t - release) / 1e3:+7.2f} exit {(e - release) / 1e3:+6.2f} | "
+    print(f"\n{name} of layer {layer}, middle step: its blocks, us after its release (p0..: its own stamps)")
+    for b, sm, t, e, marks in sorted(block_sm[id(ks[idx][2])], key=lambda x: x[2]):
+        own = "".join(f" p{k} {(marks[k] - release) / 1e3:+6.2f}" for k in sorted(marks))
+        print(f"  block {b:4d} SM {sm:3d} start {(t - release) / 1e3:+7.2f}{own} exit {(e - release) / 1e3:+6.2f} | "
               + " ".join(on_sm[sm]))
 
 
