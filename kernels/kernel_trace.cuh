@@ -3,8 +3,9 @@
 // kernels/pdl.cuh takes %globaltimer when the block starts, when its pdl_wait() returns (the
 // previous kernel has completed) and when it exits, and writes them with %gridid (one per launch; a
 // graph's replays reuse it) and %smid into a device buffer as it exits. A kernel may also stamp
-// its own phases (trace_mark(TRACE_PHASE + k): gemm_rows's W landed, x landed, MMAs done, epilogue),
-// every block the same ones; trace_decode.py prints them as a second table. GPT2_TRACE=FILE makes
+// its own phases (trace_mark(TRACE_PHASE + k): gemm_rows's W landed, x landed, MMAs done, epilogue;
+// attn_decode1's keys done, streams merged and, in a cluster's block 0, every split's partial in);
+// trace_decode.py prints them as a second table. GPT2_TRACE=FILE makes
 // the GPU engine allocate the buffer and write it to FILE when the engine is freed;
 // scripts/trace_decode.py turns it into per-kernel times. It exists because the tools that time kernels one at a time (ncu) hide what
 // programmatic dependent launch changes, and nsys is not available on the machines this was tuned

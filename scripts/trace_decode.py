@@ -27,12 +27,13 @@ stamps). Per kernel, the median over the decode steps (a prefill has other kerne
             resident less long than its weights take to load (an SM's share of the copy rate,
             ~32 bytes a ns on an H200) still loads them on the step's path
 Kernels that stamp their own phases (events 3.., kernel_trace.cuh; gemm_rows: W landed, x landed,
-MMAs done, epilogue started) get a second table: for each phase, when the last block reached it
+MMAs done, epilogue started; attn_decode1: keys done, streams merged, block 0 has every partial) get
+a second table: for each phase, when the last block reached it
 after the kernel's release (the dependent path), and the median block's time.
 
 --blocks NAME:LAYER (e.g. fcproj:5) lists that kernel's blocks in the middle decode step, in the order
-they became resident: start and exit after its release, the SM, and the blocks of the three kernels
-before it that ran on the same SM (start, exit). Blocks that wait for others on their SM to leave
+they became resident: start, its own phases (p0..) and exit after its release, the SM, and the blocks
+of the three kernels before it that ran on the same SM (start, exit). Blocks that wait for others on their SM to leave
 show here ("Session 28" in docs/PERF.md: the L1/shared split kept the MLP projection's blocks off the
 fc GEMV's SMs).
 """
