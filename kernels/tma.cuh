@@ -42,7 +42,8 @@ __device__ __forceinline__ void mbar_fence_init() { MBAR_ASM("fence.mbarrier_ini
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
     MBAR_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
-// This thread's arrival (release: its earlier shared-memory reads are done before the phase completes).
+// This thread's arrival (release: its earlier shared-memory reads and writes are done before the phase
+// completes).
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     MBAR_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
