@@ -1838,7 +1838,7 @@ inline cudaError_t launch_gemv_mt(const XT *x, long long ldx, const float *gamma
     // SM, many rounds) keeps the driver's choice: it streams W through L1, and lost 1.3 us with less.
     const int carveout = d.cc >= 90 && grid <= d.sms && d.smem_sm > 0
                              ? (int)((100LL * (smem + 1024 + GEMV_ROOM) + d.smem_sm - 1) / d.smem_sm)
-                             : -1;
+                             : PDL_CARVEOUT_DRIVER;
     for (int m0 = 0; m0 < M; m0 += MT)
         if ((err = launch_pdl_ex(kern, dim3(grid), dim3(GEMV_THREADS), smem, 1, carveout > 100 ? 100 : carveout,
                                  stream, x, ldx, gamma, W, m0, M, N, K, KP, ksplit, e)) != cudaSuccess)

@@ -59,13 +59,37 @@ static inline int pdl_enabled() {
     return on;
 }
 
+// The preferred L1/shared split of the kernels that name none (launch_pdl_ex's carveout < 0), in
+// percent of the SM's shared memory, or -1 for the driver's choice. An SM changes its split only
+// when it is idle, which in a chain of PDL launches it seldom is, so with the driver's choice (the
+// least shared memory each kernel's own blocks need) a block that needs more than the split an SM
+// happens to have waits for that SM to drain: the logits' 224 KB blocks, a cluster's blocks that
+// must all find room in one GPC, the decode attention's small blocks beside a product's. On Hopper
+// the most shared memory (100) for all of them: decode B = 8 +5.9%, B = 1 +1.1%, B = 2 +1.5%, B = 32
+// +1.4%, B = 64 even on an H200 (docs/PERF.md, "Session 45"). Elsewhere, where it was not measured,
+// the driver's choice. GPT2_CARVEOUT=N sets N (-1: the driver's choice), to measure one against another.
+static inline int pdl_carveout() {
+    static int cache[16];  // 0 unknown, else the carveout + 2
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return -1;
+    if (dev < 16 && cache[dev]) return cache[dev] - 2;
+    int major = 0;
+    const char *env = getenv("GPT2_CARVEOUT");
+    int carveout = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9
+                       ? 100
+                       : -1;
+    if (env && *env) carveout = atoi(env) < 0 ? -1 : atoi(env) > 100 ? 100 : atoi(env);
+    if (dev < 16) cache[dev] = carveout + 2;
+    return carveout;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed,
 // so that the kernel may start while the previous kernel on the stream finishes, in clusters of
-// `cluster` blocks along x when cluster > 1 (sm_90), and where carveout >= 0 with that preferred
-// shared-memory carveout (percent of the SM's shared memory; else, and with toolkits whose launches
-// have no such attribute, the driver's choice). An SM changes its split between L1 and shared
-// memory only when it is idle, which in a chain of PDL launches it seldom is, so the split the
-// first kernels get decides which later blocks fit beside theirs. Returns the launch's error.
+// `cluster` blocks along x when cluster > 1 (sm_90), with the preferred shared-memory carveout
+// `carveout` (percent of the SM's shared memory; PDL_CARVEOUT_DRIVER: the driver's choice; any other
+// value below 0: pdl_carveout()'s). Toolkits whose launches have no such attribute leave the driver's
+// choice. Returns the launch's error.
+enum { PDL_CARVEOUT_DRIVER = -2 };
 template <typename... Params, typename... Args>
 static inline cudaError_t launch_pdl_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
                                         int carveout, cudaStream_t stream, Args... args) {
@@ -73,6 +97,7 @@ static inline cudaError_t launch_pdl_ex(void (*kernel)(Params...), dim3 grid, di
     unsigned n = 0;
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = pdl_enabled();
+    if (carveout < 0) carveout = carveout == PDL_CARVEOUT_DRIVER ? -1 : pdl_carveout();
     if (cluster > 1) {
         attr[n].id = cudaLaunchAttributeClusterDimension;
         attr[n].val.clusterDim.x = cluster;
