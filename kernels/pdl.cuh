@@ -60,14 +60,17 @@ static inline int pdl_enabled() {
 }
 
 // The preferred L1/shared split of the kernels that name none (launch_pdl_ex's carveout < 0), in
-// percent of the SM's shared memory, or -1 for the driver's choice. An SM changes its split only
-// when it is idle, which in a chain of PDL launches it seldom is, so with the driver's choice (the
-// least shared memory each kernel's own blocks need) a block that needs more than the split an SM
-// happens to have waits for that SM to drain: the logits' 224 KB blocks, a cluster's blocks that
-// must all find room in one GPC, the decode attention's small blocks beside a product's. On Hopper
-// the most shared memory (100) for all of them: decode B = 8 +5.9%, B = 1 +1.1%, B = 2 +1.5%, B = 32
-// +1.4%, B = 64 even on an H200 (docs/PERF.md, "Session 45"). Elsewhere, where it was not measured,
-// the driver's choice. GPT2_CARVEOUT=N sets N (-1: the driver's choice), to measure one against another.
+// percent of the most shared memory an SM can have, or -1 for the driver's choice. An SM changes
+// its split only when it is idle, which in a chain of PDL launches it seldom is, so with the
+// driver's choice (the least shared memory each kernel's own blocks need) a block that needs more
+// than the split an SM happens to have waits for that SM to drain: a cluster's blocks that must all
+// find room in one GPC, the decode attention's small blocks beside a product's 145 KB. So on Hopper
+// one split for all of them, 70: room for any two kernels' blocks but the largest logits', and L1
+// left for the decode attention, which streams the cache through it. On an H200 at the bench's
+// depth (16 tokens) decode B = 8 +5.5%, B = 64 +0.9%, B = 1 +0.5%; after 512 tokens B = 1 +3.5%,
+// B = 8 -1.5%, B = 64 even. The most shared memory (100) gained as much at depth 16 but lost 9-11%
+// at B = 8 and 64 after 512 tokens (docs/PERF.md, "Session 45"). Elsewhere, where it was not
+// measured, the driver's choice. GPT2_CARVEOUT=N sets N (-1: the driver's choice), to compare.
 static inline int pdl_carveout() {
     static int cache[16];  // 0 unknown, else the carveout + 2
     int dev = 0;
@@ -75,8 +78,8 @@ static inline int pdl_carveout() {
     if (dev < 16 && cache[dev]) return cache[dev] - 2;
     int major = 0;
     const char *env = getenv("GPT2_CARVEOUT");
-    int carveout = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9
-                       ? 100
+    int carveout = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9
+                       ? 70
                        : -1;
     if (env && *env) carveout = atoi(env) < 0 ? -1 : atoi(env) > 100 ? 100 : atoi(env);
     if (dev < 16) cache[dev] = carveout + 2;
