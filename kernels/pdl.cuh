@@ -65,9 +65,10 @@ static inline int pdl_enabled() {
 // driver's choice (the least shared memory each kernel's own blocks need) a block that needs more
 // than the split an SM happens to have waits for that SM to drain: a cluster's blocks that must all
 // find room in one GPC, the decode attention's small blocks beside a product's 145 KB. So on Hopper
-// one split for all of them, 70: room for a product's block and small blocks beside it (not for the
-// largest logits' 225 KB), and L1 left for the decode attention, which streams the cache through
-// it (with the most shared memory it lost, for reasons not yet found). On an H200 at the bench's
+// one split for all of them, 70: room for a product's block and a few small blocks beside it, and
+// L1 left for the decode attention, whose loads of the cache stream more slowly with less (with the
+// most shared memory, 28 KB of L1, it lost 9-11% at depth even with loads that do not allocate in
+// L1). On an H200 at the bench's
 // depth (16 tokens) decode B = 8 +5.5%, B = 64 +0.9%, B = 1 +0.5%; after 512 tokens B = 1 +3.5%,
 // B = 8 -1.5%, B = 64 even. The most shared memory (100) gained as much at depth 16 but lost 9-11%
 // at B = 8 and 64 after 512 tokens (docs/PERF.md, "Session 45"). Elsewhere, where it was not
