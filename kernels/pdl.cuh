@@ -44,58 +44,49 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     trace_mark(TRACE_START);
 }
 
-// 1 when the current device has PDL (compute capability 9.0 or later) and GPT2_PDL is not "0".
-// Cached per device: it is asked for at every launch.
-static inline int pdl_enabled() {
-    static int cache[16];  // 0 unknown, 1 off, 2 on
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (dev < 16 && cache[dev]) return cache[dev] == 2;
-    int major = 0;
-    const char *env = getenv("GPT2_PDL");
-    const int on = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                   major >= 9 && !(env && strcmp(env, "0") == 0);
-    if (dev < 16) cache[dev] = on ? 2 : 1;
-    return on;
-}
+// How the current device's launches go, read once per device (every launch asks):
+//   pdl       1 where the device has PDL (compute capability 9.0 or later) and GPT2_PDL is not "0";
+//   carveout  the preferred L1/shared split of the kernels that name none (launch_pdl_ex's
+//             carveout < 0), in percent of the most shared memory an SM can have, or -1 for the
+//             driver's choice.
+// An SM changes its split only when it is idle, which in a chain of PDL launches it seldom is, so
+// with the driver's choice (the least shared memory each kernel's own blocks need) a block that
+// needs more than the split an SM happens to have waits for that SM to drain: a cluster's blocks
+// that must all find room in one GPC, the decode attention's small blocks beside a product's 145 KB.
+// So on Hopper one split for all of them, 70: room for a product's block and a few small blocks
+// beside it, and L1 left for the decode attention, whose loads of the cache stream more slowly with
+// less (with the most shared memory, 28 KB of L1, it lost 9-11% at depth even with loads that do
+// not allocate in L1). On an H200 at the bench's depth (16 tokens) decode B = 8 +5.5%, B = 64
+// +0.9%, B = 1 +0.5%; after 512 tokens B = 1 +3.5%, B = 8 -1.5%, B = 64 even. The most shared
+// memory (100) gained as much at depth 16 but lost 9-11% at B = 8 and 64 after 512 tokens
+// (docs/PERF.md, "Session 45"). Elsewhere, where it was not measured, the driver's choice.
+// GPT2_CARVEOUT=N sets N (-1: the driver's choice), to compare.
+typedef struct {
+    int pdl, carveout;
+} PdlSettings;
 
-// The preferred L1/shared split of the kernels that name none (launch_pdl_ex's carveout < 0), in
-// percent of the most shared memory an SM can have, or -1 for the driver's choice. An SM changes
-// its split only when it is idle, which in a chain of PDL launches it seldom is, so with the
-// driver's choice (the least shared memory each kernel's own blocks need) a block that needs more
-// than the split an SM happens to have waits for that SM to drain: a cluster's blocks that must all
-// find room in one GPC, the decode attention's small blocks beside a product's 145 KB. So on Hopper
-// one split for all of them, 70: room for a product's block and a few small blocks beside it, and
-// L1 left for the decode attention, whose loads of the cache stream more slowly with less (with the
-// most shared memory, 28 KB of L1, it lost 9-11% at depth even with loads that do not allocate in
-// L1). On an H200 at the bench's
-// depth (16 tokens) decode B = 8 +5.5%, B = 64 +0.9%, B = 1 +0.5%; after 512 tokens B = 1 +3.5%,
-// B = 8 -1.5%, B = 64 even. The most shared memory (100) gained as much at depth 16 but lost 9-11%
-// at B = 8 and 64 after 512 tokens (docs/PERF.md, "Session 45"). Elsewhere, where it was not
-// measured, the driver's choice. GPT2_CARVEOUT=N sets N (-1: the driver's choice), to compare.
-static inline int pdl_carveout() {
-    static int cache[16];  // 0 unknown, else the carveout + 2
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return -1;
-    if (dev < 16 && cache[dev]) return cache[dev] - 2;
-    int major = 0;
-    const char *env = getenv("GPT2_CARVEOUT");
-    int carveout = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9
-                       ? 70
-                       : -1;
-    if (env && *env) {
-        const int n = atoi(env);
-        carveout = n < 0 ? -1 : n > 100 ? 100 : n;
+static inline PdlSettings pdl_settings() {
+    static PdlSettings cache[16];
+    static bool known[16];
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return PdlSettings{0, -1};
+    if (dev < 16 && known[dev]) return cache[dev];
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
+    const char *pdl = getenv("GPT2_PDL"), *carveout = getenv("GPT2_CARVEOUT");
+    PdlSettings s = {major >= 9 && !(pdl && strcmp(pdl, "0") == 0), major == 9 ? 70 : -1};
+    if (carveout && *carveout) {
+        const int n = atoi(carveout);
+        s.carveout = n < 0 ? -1 : n > 100 ? 100 : n;
     }
-    if (dev < 16) cache[dev] = carveout + 2;
-    return carveout;
+    if (dev < 16) cache[dev] = s, known[dev] = true;
+    return s;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialisation allowed,
 // so that the kernel may start while the previous kernel on the stream finishes, in clusters of
 // `cluster` blocks along x when cluster > 1 (sm_90), with the preferred shared-memory carveout
 // `carveout` (percent of the SM's shared memory; PDL_CARVEOUT_DRIVER: the driver's choice; any other
-// value below 0: pdl_carveout()'s). Toolkits whose launches have no such attribute leave the driver's
+// value below 0: pdl_settings()'s). Toolkits whose launches have no such attribute leave the driver's
 // choice. Returns the launch's error.
 enum { PDL_CARVEOUT_DRIVER = -2 };
 template <typename... Params, typename... Args>
@@ -104,8 +95,9 @@ static inline cudaError_t launch_pdl_ex(void (*kernel)(Params...), dim3 grid, di
     cudaLaunchAttribute attr[3];
     unsigned n = 0;
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = pdl_enabled();
-    if (carveout < 0) carveout = carveout == PDL_CARVEOUT_DRIVER ? -1 : pdl_carveout();
+    const PdlSettings settings = pdl_settings();
+    attr[n++].val.programmaticStreamSerializationAllowed = settings.pdl;
+    if (carveout < 0) carveout = carveout == PDL_CARVEOUT_DRIVER ? -1 : settings.carveout;
     if (cluster > 1) {
         attr[n].id = cudaLaunchAttributeClusterDimension;
         attr[n].val.clusterDim.x = cluster;
