@@ -22,7 +22,8 @@
 //   attn_decode1       T = 1 (generation), flash-decoding: the grid is (splits, NH, B), each block
 //                      a chunk of one head's cache. No shared-memory staging: 16 quarter-warp
 //                      streams per block read K and V rows straight into registers, each with its
-//                      own online softmax; they merge once at the end. Through fused_attention_qkv
+//                      own online softmax; they merge at the end (a warp's four by shuffles, then
+//                      the four warps through shared memory). Through fused_attention_qkv
 //                      (batched decode on the cuBLASLt route) q and the new key and value come
 //                      from the qkv product and the new row is stored into the cache on the way.
 //   attn_decode        T = 2..4 (and T = 1 with unaligned rows): the same split, 64-key tiles
@@ -196,6 +197,13 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // splits, a batch-1 step at 1024 keys 4.5% longer (docs/PERF.md, "Session 44").
 // The blocks past the cache leave at once, which the barrier allows (kernels/cluster.cuh).
 constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
+// Shared memory a decode block holds beyond its own (dynamic, unused). It caps how many blocks share
+// an SM with a batch-64 qkv block (145 KB) at the 70% split: three, as when the block staged all 16
+// streams' sums. H200, batch 64 after 16 tokens, with the blocks' own 1.3 KB plus 0 / 2 / 3 / 4.4 KB
+// (six / four / three / two beside qkv): 225k / 232k / 238k / 234k tokens/s; all resident early, the
+// kernel ran 0.8 us shorter but its early cache loads slowed the LayerNorm before qkv and the
+// boundaries around it more (docs/PERF.md, "Session 46").
+constexpr size_t kDecodeHold = 3072;
 template <typename E, int QIT, bool CL>
 __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
                                                          E *__restrict__ out, unsigned *__restrict__ counters,
@@ -222,10 +230,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     constexpr int VW = 16 / sizeof(E);
     constexpr int U = QIT >= 4 ? 1 : 4 / QIT;  // 4 chunks of K and 4 of V in flight per lane
     constexpr int NS = 16;                     // streams per block
-    __shared__ __align__(16) float sm_acc[NS][QIT * 8 * VW];
-    __shared__ float sm_m[NS], sm_l[NS], res[QIT * 8 * VW], ms[1], ls[1];
+    constexpr int NW = kThreads / 32;          // warps per block, 4 streams each
+    constexpr int kMl = QIT * 8 * VW;          // a lane's columns, 8 lanes
+    __shared__ __align__(16) float sm_acc[NW][kMl];
+    __shared__ float sm_m[NW], sm_l[NW], res[kMl], ms[1], ls[1];
     // CL, block 0: the splits' partials, a row each: acc at [0, HS), then the max and the sum at kMl.
-    constexpr int kMl = QIT * 8 * VW;
     __shared__ __align__(16) float table[CL ? kMaxClusterSplits : 1][CL ? kMl + 4 : 1];
     static_assert(kMl <= kThreads, "one output dimension a thread");
 
@@ -330,29 +339,44 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     }
 
     trace_mark(TRACE_PHASE + 0);  // TRACE=1 builds (kernel_trace.cuh): this block's keys are done
-    // Merge the 16 streams (a stream with no key has m = -inf, weight 0).
+    // Merge the 16 streams: first a warp's four by shuffles (lanes sub, sub + 8, sub + 16 and sub + 24
+    // hold the same columns), then the four warps through shared memory: one barrier and four
+    // partials a thread to merge, where all 16 streams through shared memory took sixteen (batch 1
+    // +1.3%: docs/PERF.md, "Session 46"). A stream with no key has m = -inf and weight 0; so may a
+    // whole warp's four (a chunk of fewer than 16 keys), whose weights are then 0 by hand, not
+    // 2^(-inf + inf).
+    const int warp = tid >> 5;
+    float mw = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, 16));
+    const float sw = mw == -INFINITY ? 0.f : exp2f(m - mw);
+    l *= sw;
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
         const int v = sub + it * 8;
-        if (v < NV) {
 #pragma unroll
-            for (int e = 0; e < VW; e++) sm_acc[stream][v * VW + e] = acc[it][e];
+        for (int e = 0; e < VW; e++) {
+            float a = acc[it][e] * sw;
+            a += __shfl_xor_sync(0xffffffffu, a, 8);
+            a += __shfl_xor_sync(0xffffffffu, a, 16);
+            if (lane < 8 && v < NV) sm_acc[warp][v * VW + e] = a;
         }
     }
-    if (sub == 0) {
-        sm_m[stream] = m;
-        sm_l[stream] = l;
+    if (lane == 0) {
+        sm_m[warp] = mw;
+        sm_l[warp] = l;
     }
     __syncthreads();
     float M = -INFINITY;
 #pragma unroll
-    for (int s2 = 0; s2 < NS; s2++) M = fmaxf(M, sm_m[s2]);
+    for (int w2 = 0; w2 < NW; w2++) M = fmaxf(M, sm_m[w2]);
     // M is finite: every block still here holds a key.
-    float w[NS], den = 0.f;
+    float w[NW], den = 0.f;
 #pragma unroll
-    for (int s2 = 0; s2 < NS; s2++) {
-        w[s2] = exp2f(sm_m[s2] - M);
-        den = fmaf(w[s2], sm_l[s2], den);
+    for (int w2 = 0; w2 < NW; w2++) {
+        w[w2] = exp2f(sm_m[w2] - M);
+        den = fmaf(w[w2], sm_l[w2], den);
     }
     // The block's partial, dimension d = tid: the output itself when it is the only split; else row
     // `split` of block 0's table (CL), or res for finish_split.
@@ -361,7 +385,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     float num = 0.f;
     if (d < HS)
 #pragma unroll
-        for (int s2 = 0; s2 < NS; s2++) num = fmaf(w[s2], sm_acc[s2][d], num);
+        for (int w2 = 0; w2 < NW; w2++) num = fmaf(w[w2], sm_acc[w2][d], num);
     trace_mark(TRACE_PHASE + 1);  // TRACE=1 builds: the block's streams are merged
     if (splits == 1) {
         if (d < HS) outh[d] = from_f<E>(num / den);
@@ -1498,7 +1522,7 @@ template <typename K> int decode_cluster_splits(K kern) {
     if (!limit) {
         const bool ok = cudaFuncSetAttribute(reinterpret_cast<const void *>(kern),
                                              cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-                        cluster_fits(reinterpret_cast<const void *>(kern), kMaxClusterSplits, kThreads, 0);
+                        cluster_fits(reinterpret_cast<const void *>(kern), kMaxClusterSplits, kThreads, kDecodeHold);
         if (!ok) cudaGetLastError();
         limit = ok ? kMaxClusterSplits : 8;
         if (nknown < 32) known[nknown++] = Entry{reinterpret_cast<const void *>(kern), dev, limit};
@@ -1516,20 +1540,20 @@ cudaError_t launch_decode1(const NewRows<E> &nr, E *kc, E *vc, E *out, int B, in
     auto kern_cl = attn_decode1<E, QIT, true>;
     const long long bh = (long long)B * NH;
     const int cl_splits = decode_cluster_splits(kern_cl);
-    const Split sp = split_streams(bh, pos + 1, cl_splits ? blocks_per_sm(kern_cl, 0) : blocks_per_sm(kern, 0),
+    const Split sp = split_streams(bh, pos + 1, blocks_per_sm(cl_splits ? kern_cl : kern, kDecodeHold),
                                    cl_splits ? cl_splits : workspace_splits(bh, 1, HS, ws, ws_bytes));
     const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)HS));
     const dim3 grid((unsigned)sp.splits, NH, B);
     if (cl_splits && sp.splits > 1)
-        return launch_pdl_cluster(kern_cl, grid, dim3(kThreads), 0, (unsigned)sp.splits, stream, nr, kc, vc, out,
-                                  (unsigned *)nullptr, (float *)nullptr, pos, pos_device, NH, HS, max_seq, sp.chunk,
-                                  scale_log2);
+        return launch_pdl_cluster(kern_cl, grid, dim3(kThreads), kDecodeHold, (unsigned)sp.splits, stream, nr, kc, vc,
+                                  out, (unsigned *)nullptr, (float *)nullptr, pos, pos_device, NH, HS, max_seq,
+                                  sp.chunk, scale_log2);
     cudaError_t e;
     if (sp.splits > 1 && (e = ensure_counters_zeroed(ws, stream)) != cudaSuccess) return e;
     unsigned *counters = static_cast<unsigned *>(ws);
     float *part = sp.splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(ws) + kCounterBytes) : nullptr;
-    return launch_pdl(kern, grid, dim3(kThreads), 0, stream, nr, kc, vc, out, counters, part, pos, pos_device, NH, HS,
-                      max_seq, sp.chunk, scale_log2);
+    return launch_pdl(kern, grid, dim3(kThreads), kDecodeHold, stream, nr, kc, vc, out, counters, part, pos, pos_device,
+                      NH, HS, max_seq, sp.chunk, scale_log2);
 }
 
 // attn_decode1 needs whole 16-byte chunks: HS and the row stride multiples of 16 bytes, every base

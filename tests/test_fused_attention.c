@@ -282,6 +282,8 @@ int main(void) {
         {2, 3, 77, 3, 40, 100, 1, 1, 0},        // T=3 decode, HS=40
         {3, 2, 63, 4, 32, 70, 1, 1, 0},         // split 1 holds key 64 only: masked for query 0
         {64, 1, 271, 12, 64, 300, 1, 1, 0},     // decode, B=64
+        {2, 1, 300, 2, 128, 320, 1, 1, 0},      // decode HS=128: two (bf16) or four (fp32) chunks a lane
+        {1, 1, 90, 3, 96, 128, 1, 1, 0},        // decode HS=96: lanes past the row's 12 bf16 chunks idle
         {2, 4, 40, 1, 48, 44, 1, 1, 0},         // T=4 (largest decode), NH=1, cache full
         {5, 130, 0, 3, 24, 135, 1, 1, 0},       // prefill HS=24 (bf16 tensor cores pad to 32)
         {2, 130, 61, 12, 64, 203, 1, 1, 0},     // prefill after a cached prefix
