@@ -198,11 +198,11 @@ __device__ __forceinline__ void finish_split(float *pb, unsigned *counter, E *ou
 // The blocks past the cache leave at once, which the barrier allows (kernels/cluster.cuh).
 constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
 // Shared memory a decode block holds beyond its own (dynamic, unused). It caps how many blocks share
-// an SM with a batch-64 qkv block (145 KB) at the 70% split: three, as when the block staged all 16
-// streams' sums. H200, batch 64 after 16 tokens, with the blocks' own 1.3 KB plus 0 / 2 / 3 / 4.4 KB
-// (six / four / three / two beside qkv): 225k / 232k / 238k / 234k tokens/s; all resident early, the
-// kernel ran 0.8 us shorter but its early cache loads slowed the LayerNorm before qkv and the
-// boundaries around it more (docs/PERF.md, "Session 46").
+// an SM with a batch-64 qkv block (145 KB) at the 70% split: three (one of the cluster kernel, with
+// its table), as when the block staged all 16 streams' sums. H200, batch 64 after 16 tokens, with the
+// blocks' own 1.3 KB plus 0 / 2 / 3 / 4.4 KB (six / four / three / two beside qkv): 225k / 232k /
+// 238k / 234k tokens/s. All resident early, the kernel ran 0.8 us shorter, but its early cache loads
+// slowed the LayerNorm before qkv and the boundaries around it more (docs/PERF.md, "Session 46").
 constexpr size_t kDecodeHold = 3072;
 template <typename E, int QIT, bool CL>
 __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__restrict__ kc, E *__restrict__ vc,
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode1(NewRows<E> nr, E *__res
     // Merge the 16 streams: first a warp's four by shuffles (lanes sub, sub + 8, sub + 16 and sub + 24
     // hold the same columns), then the four warps through shared memory: one barrier and four
     // partials a thread to merge, where all 16 streams through shared memory took sixteen (batch 1
-    // +1.3%: docs/PERF.md, "Session 46"). A stream with no key has m = -inf and weight 0; so may a
+    // +0.7-1.3%: docs/PERF.md, "Session 46"). A stream with no key has m = -inf and weight 0; so may a
     // whole warp's four (a chunk of fewer than 16 keys), whose weights are then 0 by hand, not
     // 2^(-inf + inf).
     const int warp = tid >> 5;
