@@ -52,7 +52,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // An SM changes its split only when it is idle, which in a chain of PDL launches it seldom is, so
 // with the driver's choice (the least shared memory each kernel's own blocks need) a block that
 // needs more than the split an SM happens to have waits for that SM to drain: a cluster's blocks
-// that must all find room in one GPC, the decode attention's small blocks beside a product's 145 KB.
+// that must all find room in one GPC, the decode attention's small blocks beside a product's 145 KB
+// (how many of those should fit there is a separate question: kDecodeHold in fused_attention.cu).
 // So on Hopper one split for all of them, 70: room for a product's block and a few small blocks
 // beside it, and L1 left for the decode attention, whose loads of the cache stream more slowly with
 // less (with the most shared memory, 28 KB of L1, it lost 9-11% at depth even with loads that do
