@@ -2,8 +2,7 @@
 // GpuState: the weights on the device, the LayerNorm-folded vectors, the KV cache and the
 // activation buffers. Its forward loop is the same for every table:
 //
-//   embedding(tokens) -> x, and ln1(x) -> ln where the table asks (shared kernel, not in the table;
-//                        or inside layer 0's attn_in, where the table takes it there)
+//   embedding(tokens) -> x, and ln1(x) -> ln where the table asks (shared kernel, not in the table)
 //   for each layer l:
 //       ops->attn_in(l)     x -> q (table's own layout), k/v into the cache at pos..pos+T-1
 //       ops->attention(l)   q, cache -> atty [M, C]
@@ -100,15 +99,7 @@ typedef struct {
     // sampler need not run; it may then leave the logits unwritten (the step reads only the
     // tokens). NULL: the op writes only the logits.
     int *greedy_next, *greedy_written;
-    // The step's tokens on the device (the loop sets it): read by the embedding, which a table may
-    // take into layer 0's attn_in (BlockOps.embedding).
-    const int *tokens;
 } GpuStep;
-
-// What the shared embedding kernel does in a step (BlockOps.embedding): write x; write x and layer
-// 0's ln1 into s->ln (the table's attn_in then runs no LayerNorm kernel for it); or nothing, where
-// layer 0's attn_in computes the embedding itself from GpuStep.tokens and writes x.
-enum { EMBEDDING_X, EMBEDDING_X_LN1, EMBEDDING_IN_QKV };
 
 // Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.
 typedef struct {
@@ -120,9 +111,9 @@ typedef struct {
     // shapes (max_batch, max_seq, NH, HS); NULL or 0: none. The engine allocates it once with the
     // activations, zeroed, as s->workspace.
     size_t (*workspace_bytes)(const struct GpuState *s);
-    // What the embedding kernel does in this step (EMBEDDING_X, _X_LN1 or _IN_QKV above); NULL:
-    // EMBEDDING_X.
-    int (*embedding)(const GpuState *s, const GpuStep *st);
+    // 1 where the embedding kernel should also write layer 0's ln1 into s->ln for this step (the
+    // table's attn_in then runs no LayerNorm kernel for it); NULL: never.
+    int (*embedding_writes_ln1)(const GpuState *s, const GpuStep *st);
     int (*attn_in)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*attention)(GpuState *s, const GpuStep *st, int l, Error *err);
     int (*attn_out)(GpuState *s, const GpuStep *st, int l, Error *err);

@@ -56,25 +56,13 @@ struct Out {
     const void *bias;
 };
 
-// Where a product's rows of x come from (the kernel's ROWS): bf16 rows by TMA (gemm_rows), fp32 rows
-// normalised by the blocks (gemm_rows_ln), or the embedding's rows, normalised by the blocks and
-// written out as the residual stream's first values (gemm_rows_ln_embed: layer 0's qkv).
-enum { ROWS_BF16 = 0, ROWS_LN = 1, ROWS_EMBED_LN = 2 };
-
 // gemm_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K]; w_after_x: W's
 // copy issued after the block's loads of x, not before the PDL wait (pick_w_after_x).
-// gemm_rows_ln_embed's rows instead: row t is wte[tokens[t]] + wpe[pos + t % T] (bf16 tables, pos
-// read from pos_device where given), and the blocks of the first column tile write it to x [M, K].
 struct LnIn {
     const float *x;
     long long ldx;
     const float *gamma;
     int w_after_x;
-    const int *tokens;
-    const bf16 *wte, *wpe;
-    int pos, T;
-    const int *pos_device;
-    float *x_out;
 };
 
 // gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6 or 8: rows
@@ -104,31 +92,11 @@ constexpr int LN_WARPS = LN_THREADS / 32;
 // value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
 // more than 16 rows in one (docs/PERF.md, "Session 34").
 
-// The embedding's row t (ROWS_EMBED_LN): this lane's float4s of wte[token] + wpe[pos + t % T], the sum
-// in fp32 as the embedding kernel takes it (the same bits); zeros where the lane is past the row.
-template <int VPL>
-__device__ __forceinline__ void load_embedding_row(float4 (&v)[VPL], const LnIn &in, int t, int K, int lane) {
-    const int pos = in.pos_device ? *in.pos_device : in.pos;
-    const uint2 *we = reinterpret_cast<const uint2 *>(in.wte + (size_t)in.tokens[t] * K);
-    const uint2 *pe = reinterpret_cast<const uint2 *>(in.wpe + (size_t)(pos + t % in.T) * K);
-#pragma unroll
-    for (int i = 0; i < VPL; i++) {
-        const bool in_row = 32 * i + lane < K / 4;
-        const uint2 a = in_row ? we[32 * i + lane] : make_uint2(0, 0), b = in_row ? pe[32 * i + lane] : make_uint2(0, 0);
-        const float2 a0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&a.x));
-        const float2 a1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&a.y));
-        const float2 b0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&b.x));
-        const float2 b1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&b.y));
-        v[i] = make_float4(a0.x + b0.x, a0.y + b0.y, a1.x + b1.x, a1.y + b1.y);
-    }
-}
-
-// after_loads() is called once, as soon as the warp's first round of loads is issued. write_x
-// (ROWS_EMBED_LN): this block also stores the rows it stages into x, the residual stream.
-template <int RB, int VPL, int CN, int ROWS, typename AfterLoads>
+// after_loads() is called once, as soon as the warp's first round of loads is issued.
+template <int RB, int VPL, int CN, typename AfterLoads>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *bar, const LnIn &in,
                                               const float4 (&g)[VPL], int r0, int M, int K, int rank, int warp,
-                                              int lane, bool write_x, AfterLoads after_loads) {
+                                              int lane, AfterLoads after_loads) {
     constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
     constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
     if (warp * RPW >= RBB) return after_loads();
@@ -149,29 +117,12 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 #pragma unroll
         for (int j = 0; j < RR; j++) {
             const int t = r0 + rank * RBB + warp * RPW + rr + j;
-            if constexpr (ROWS == ROWS_EMBED_LN) {
-                load_embedding_row(v[j], in, min(t, M - 1), K, lane);
-                if (t >= M)
+            const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
 #pragma unroll
-                    for (int i = 0; i < VPL; i++) v[j][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            } else {
-                const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
-#pragma unroll
-                for (int i = 0; i < VPL; i++)
-                    v[j][i] = t < M && 32 * i + lane < nq ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            for (int i = 0; i < VPL; i++)
+                v[j][i] = t < M && 32 * i + lane < nq ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         if (rr == 0) after_loads();
-        if constexpr (ROWS == ROWS_EMBED_LN)
-            if (write_x)
-#pragma unroll
-                for (int j = 0; j < RR; j++) {
-                    const int t = r0 + rank * RBB + warp * RPW + rr + j;
-#pragma unroll
-                    for (int i = 0; i < VPL; i++)
-                        if (t < M && 32 * i + lane < nq)
-                            reinterpret_cast<float4 *>(in.x_out + (size_t)t * K)[32 * i + lane] = v[j][i];
-                }
         float mean[RR], rstd[RR];
 #pragma unroll
         for (int j = 0; j < RR; j++) {
@@ -236,16 +187,14 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 
-// LN: where x's rows come from (ROWS_BF16, ROWS_LN, ROWS_EMBED_LN above); any but the first takes
-// gemm_rows_ln's staging.
-template <int RB, int EPI, int KS, int LN, int VPL = 1, int CN = 1>
+template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
 __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
                 int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL;
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
-    typedef typename std::conditional<LN != ROWS_BF16, float, YT>::type BT;  // the bias's type
+    typedef typename std::conditional<LN, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
     static_assert(!LN || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)), "gemm_rows_ln's cases");
     static_assert(CN == 1 || LN, "a cluster along the columns shares gemm_rows_ln's staging only");
@@ -304,15 +253,14 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     pdl_wait();
 
     if constexpr (LN && CN == 1) {
-        stage_ln_rows<RB, VPL, 1, LN>(x_tiles, x_full, ln, gamma, r0, M, K, 0, warp, lane, blockIdx.x == 0,
-                                      load_w_after_x);
+        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, r0, M, K, 0, warp, lane, load_w_after_x);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
         if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
         cluster_wait();         // every block has started
-        stage_ln_rows<RB, VPL, CN, LN>(x_tiles, x_full, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
-                                        blockIdx.x < CN, load_w_after_x);
+        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
+                                    load_w_after_x);
         // x_full's phase: every thread's arrival (release: its own rows' plain stores) and the other
         // ranks' rows, RB / CN of K bf16 each, by their bytes.
         if (tid == 0) mbar_arrive_expect_tx(x_full, (CN - 1) * (RB / CN) * K * (uint32_t)sizeof(bf16));
@@ -398,7 +346,7 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
 // Host side: tile choice, tensor maps, launch
 
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far).
-template <int RB, int EPI, int KS, int LN, int VPL, int CN> cudaError_t allow(size_t smem) {
+template <int RB, int EPI, int KS, bool LN, int VPL, int CN> cudaError_t allow(size_t smem) {
     static size_t smem_set;
     if (smem <= smem_set) return cudaSuccess;
     const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL, CN>,
@@ -408,7 +356,7 @@ template <int RB, int EPI, int KS, int LN, int VPL, int CN> cudaError_t allow(si
 }
 
 // x's map is for bf16 x (gemm_rows); gemm_rows_ln's x comes in ln and its map is left empty.
-template <int RB, int EPI, int KS, int LN, int VPL = 1, int CN = 1>
+template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
 cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W, int M, int N, int K,
                    cudaStream_t stream) {
     CUtensorMap x_map = {}, w_map;
@@ -428,10 +376,10 @@ cudaError_t launch_split(int ks, const Out &out, const void *x, const void *W, i
                          cudaStream_t stream) {
     const LnIn none = {};
     switch (ks) {
-    case 1: return launch<RB, EPI, 1, ROWS_BF16>(out, x, none, W, M, N, K, stream);
-    case 2: return launch<RB, EPI, 2, ROWS_BF16>(out, x, none, W, M, N, K, stream);
-    case 4: return launch<RB, EPI, 4, ROWS_BF16>(out, x, none, W, M, N, K, stream);
-    default: return launch<RB, EPI, 8, ROWS_BF16>(out, x, none, W, M, N, K, stream);
+    case 1: return launch<RB, EPI, 1, false>(out, x, none, W, M, N, K, stream);
+    case 2: return launch<RB, EPI, 2, false>(out, x, none, W, M, N, K, stream);
+    case 4: return launch<RB, EPI, 4, false>(out, x, none, W, M, N, K, stream);
+    default: return launch<RB, EPI, 8, false>(out, x, none, W, M, N, K, stream);
     }
 }
 
@@ -525,45 +473,45 @@ int pick_w_after_x(int M) { return M > 32; }
 // GPT2_LN_CLUSTER=2|4 forces that cluster where it fits (else none), any other non-zero value none.
 bool ln_cluster4_pays(int M, int K) { return M > 16 || K > 768; }
 
-template <int RB, int EPI, int VPL, int CN, int ROWS>
+template <int RB, int EPI, int VPL, int CN>
 bool ln_clusters_fit(int M, int N, int K) {
     if (CN == 1) return true;
     const size_t smem = smem_bytes(K, RB, 1);
-    if (allow<RB, EPI, 1, ROWS, VPL, CN>(smem) != cudaSuccess) return false;
+    if (allow<RB, EPI, 1, true, VPL, CN>(smem) != cudaSuccess) return false;
     static size_t asked_smem;
     static int clusters;
     if (asked_smem != smem) {
-        clusters = max_active_clusters(reinterpret_cast<const void *>(rows_kernel<RB, EPI, 1, ROWS, VPL, CN>), CN,
+        clusters = max_active_clusters(reinterpret_cast<const void *>(rows_kernel<RB, EPI, 1, true, VPL, CN>), CN,
                                        LN_THREADS, smem);
         asked_smem = smem;
     }
     return (long long)((N + BF - 1) / BF + CN - 1) / CN * ((M + RB - 1) / RB) <= clusters;
 }
 
-template <int EPI, int VPL, int RB, int ROWS>
+template <int EPI, int VPL, int RB>
 cudaError_t launch_ln_cn(const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
     static int forced = -1;
     const int cn = env_knob("GPT2_LN_CLUSTER", &forced);
-    if ((cn == 4 || (cn == 0 && ln_cluster4_pays(M, K))) && ln_clusters_fit<RB, EPI, VPL, 4, ROWS>(M, N, K))
-        return launch<RB, EPI, 1, ROWS, VPL, 4>(out, NULL, ln, W, M, N, K, stream);
-    if ((cn == 2 || cn == 0) && ln_clusters_fit<RB, EPI, VPL, 2, ROWS>(M, N, K))
-        return launch<RB, EPI, 1, ROWS, VPL, 2>(out, NULL, ln, W, M, N, K, stream);
-    return launch<RB, EPI, 1, ROWS, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
+    if ((cn == 4 || (cn == 0 && ln_cluster4_pays(M, K))) && ln_clusters_fit<RB, EPI, VPL, 4>(M, N, K))
+        return launch<RB, EPI, 1, true, VPL, 4>(out, NULL, ln, W, M, N, K, stream);
+    if ((cn == 2 || cn == 0) && ln_clusters_fit<RB, EPI, VPL, 2>(M, N, K))
+        return launch<RB, EPI, 1, true, VPL, 2>(out, NULL, ln, W, M, N, K, stream);
+    return launch<RB, EPI, 1, true, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
 }
 
-template <int EPI, int VPL, int ROWS>
+template <int EPI, int VPL>
 cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K,
                            cudaStream_t stream) {
-    return rb == 16 ? launch_ln_cn<EPI, VPL, 16, ROWS>(out, ln, W, M, N, K, stream)
-                    : launch_ln_cn<EPI, VPL, 32, ROWS>(out, ln, W, M, N, K, stream);
+    return rb == 16 ? launch_ln_cn<EPI, VPL, 16>(out, ln, W, M, N, K, stream)
+                    : launch_ln_cn<EPI, VPL, 32>(out, ln, W, M, N, K, stream);
 }
 
-template <int EPI, int ROWS>
+template <int EPI>
 cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
     switch (ln_vpl(K)) {
-    case 2: return launch_ln_rows<EPI, 2, ROWS>(rb, out, ln, W, M, N, K, stream);
-    case 6: return launch_ln_rows<EPI, 6, ROWS>(rb, out, ln, W, M, N, K, stream);
-    default: return launch_ln_rows<EPI, 8, ROWS>(rb, out, ln, W, M, N, K, stream);
+    case 2: return launch_ln_rows<EPI, 2>(rb, out, ln, W, M, N, K, stream);
+    case 6: return launch_ln_rows<EPI, 6>(rb, out, ln, W, M, N, K, stream);
+    default: return launch_ln_rows<EPI, 8>(rb, out, ln, W, M, N, K, stream);
     }
 }
 
@@ -638,28 +586,8 @@ extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long lon
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     const Out out = {y, ldy, b_folded};
-    LnIn ln = {};
-    ln.x = x, ln.ldx = ldx, ln.gamma = gamma, ln.w_after_x = pick_w_after_x(M);
+    const LnIn ln = {x, ldx, gamma, pick_w_after_x(M)};
     const int rb = pick_ln_rows(M);
-    return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS, ROWS_LN>(rb, out, ln, W, M, N, K, stream)
-                                      : launch_ln<MATMUL_LT_BIAS_GELU, ROWS_LN>(rb, out, ln, W, M, N, K, stream);
-}
-
-extern "C" cudaError_t gemm_rows_ln_embed(void *y, long long ldy, float *x, const int *tokens, const void *wte,
-                                          const void *wpe, int T, int pos, const int *pos_device, const float *gamma,
-                                          const void *W, const float *b_folded, int M, int N, int K,
-                                          cudaStream_t stream) {
-    if (M < 0 || N <= 0 || K <= 0 || T <= 0 || pos < 0 || ldy < N || !y || !x || !tokens || !wte || !wpe ||
-        !gamma || !W)
-        return cudaErrorInvalidValue;
-    if (!gemm_rows_ln_takes(M, N, K) || (uintptr_t)x % 16 || (uintptr_t)wte % 8 || (uintptr_t)wpe % 8 ||
-        (uintptr_t)gamma % 16 || (uintptr_t)W % 16)
-        return cudaErrorNotSupported;
-    if (M == 0) return cudaSuccess;
-    const Out out = {y, ldy, b_folded};
-    LnIn ln = {};
-    ln.gamma = gamma, ln.w_after_x = pick_w_after_x(M);
-    ln.tokens = tokens, ln.wte = static_cast<const bf16 *>(wte), ln.wpe = static_cast<const bf16 *>(wpe);
-    ln.pos = pos, ln.T = T, ln.pos_device = pos_device, ln.x_out = x;
-    return launch_ln<MATMUL_LT_BIAS, ROWS_EMBED_LN>(pick_ln_rows(M), out, ln, W, M, N, K, stream);
+    return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, out, ln, W, M, N, K, stream)
+                                      : launch_ln<MATMUL_LT_BIAS_GELU>(rb, out, ln, W, M, N, K, stream);
 }

@@ -83,19 +83,6 @@ cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
                          const float *gamma, const void *W, const float *b_folded, int M, int N, int K,
                          cudaStream_t stream);
 
-// Layer 0's qkv with the embedding inside: gemm_rows_ln whose rows are the embedding's,
-// x_t = wte[tokens[t]] + wpe[pos + t % T] (pos read from pos_device where that is not NULL: a decode
-// graph's), normalised by the blocks as gemm_rows_ln's; the blocks of the first column tile also
-// write x_t into x (fp32 [M, K], rows K apart: the residual stream the layer's projections add to),
-// the embedding kernel's bits. So a step whose layer-0 qkv takes gemm_rows_ln runs no embedding
-// kernel and no boundary after it (docs/PERF.md, "Session 47").
-//   tokens  int [M], device memory; wte [V, K], wpe [maxT, K] bf16 (8-byte aligned)
-//   y, ldy, gamma, W, b_folded, M, N, K as gemm_rows_ln with MATMUL_LT_BIAS.
-// Returns as gemm_rows_ln.
-cudaError_t gemm_rows_ln_embed(void *y, long long ldy, float *x, const int *tokens, const void *wte, const void *wpe,
-                               int T, int pos, const int *pos_device, const float *gamma, const void *W,
-                               const float *b_folded, int M, int N, int K, cudaStream_t stream);
-
 #ifdef __cplusplus
 }
 #endif

@@ -383,17 +383,12 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
     const int last_only = !all_positions && st->T > 1;
-    const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written, NULL};
-    GpuStep step = *st;
-    step.tokens = tokens_dev;
-    st = &step;
+    const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written};
     const GpuStep *rest = st;  // the step after the attention: `last` in a last_only step's last layer
     const GpuLayer *first = &s->layers[0];
-    const int embedding = ops->embedding ? ops->embedding(s, st) : EMBEDDING_X;
-    if (embedding != EMBEDDING_IN_QKV)
-        CUDA_TRY(embedding_forward(s->x, embedding == EMBEDDING_X_LN1 ? s->ln : NULL, first->ln1w, first->ln1b,
-                                   tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos, st->pos_device, s->C, s->dtype,
-                                   stream));
+    void *ln1 = ops->embedding_writes_ln1 && ops->embedding_writes_ln1(s, st) ? s->ln : NULL;
+    CUDA_TRY(embedding_forward(s->x, ln1, first->ln1w, first->ln1b, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos,
+                               st->pos_device, s->C, s->dtype, stream));
     MARK();
     for (int l = -1; l < s->L; l++) {
         if (l >= 0) {
@@ -550,7 +545,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
     if (check_step(s, tokens, B, T, pos, err)) return -1;
-    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL, NULL};
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
@@ -590,8 +585,7 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int 
     int mb = s->max_batch, unused = 0, sampled = 0;
     CUDA_TRY(cudaMemcpyAsync(g->io_dev, g->io_host, (1 + 2 * (size_t)mb) * sizeof(int), cudaMemcpyHostToDevice,
                              s->stream));
-    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled,
-                  NULL};
+    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
     if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
     return enqueue_pick(g, B, smp, sampled, (const float *)(g->io_dev + 1 + mb), err);
 }
@@ -615,7 +609,7 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
                           Error *err) {
     int unused = 0, sampled = 0;
-    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled, NULL};
+    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
     if (upload_inputs(g, tokens, st.M, u, B, err)) return -1;
     return run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err);
 }

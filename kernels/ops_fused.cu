@@ -195,31 +195,20 @@ static int logits_take_rows(const GpuState *s, int rows) {
 }
 
 // Layer 0's ln1 comes from the embedding kernel wherever its qkv takes the many-row route (prefill,
-// and decode on Hopper) without the LayerNorm inside: that route's LayerNorm kernel and its boundary
-// go (docs/PERF.md, "Session 29"). Where qkv takes the LayerNorm inside (gemm_rows_ln, 1-16 bf16 rows
-// on Hopper) the embedding goes inside too (gemm_rows_ln_embed): the embedding kernel and its
-// boundary go, and the rows come from wte and wpe, not from x through L2 (docs/PERF.md, "Session
-// 47"; GPT2_EMBED_IN_QKV=0 keeps the kernel, to compare). The one place both ask.
-static int fused_embedding(const GpuState *s, const GpuStep *st) {
-    static int off = -1;
-    if (off < 0) off = getenv("GPT2_EMBED_IN_QKV") && strcmp(getenv("GPT2_EMBED_IN_QKV"), "0") == 0;
-    if (st->M <= fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) return EMBEDDING_X;
-    if (!ln_in_product(s, st->M, 3 * s->C)) return EMBEDDING_X_LN1;
-    return off ? EMBEDDING_X : EMBEDDING_IN_QKV;
+// and decode on Hopper) without the LayerNorm inside: that route's LayerNorm
+// kernel and its boundary go (docs/PERF.md, "Session 29"). The one place both ask.
+static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
+    return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) && !ln_in_product(s, st->M, 3 * s->C);
 }
 
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
-        if (l == 0 && fused_embedding(s, st) == EMBEDDING_IN_QKV) {
-            CUDA_TRY(gemm_rows_ln_embed(s->scratch, 3 * s->C, s->x, st->tokens, s->wte, s->wpe, st->T, st->pos,
-                                        st->pos_device, ly->ln1w, ly->qkvw, ly->qkv_b, st->M, 3 * s->C, s->C,
-                                        s->stream));
-        } else if (ln_in_product(s, st->M, 3 * s->C)) {
+        if (ln_in_product(s, st->M, 3 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->x, s->C, ly->ln1w, ly->qkvw, ly->qkv_b,
                                   st->M, 3 * s->C, s->C, s->stream));
         } else {
-            if (l > 0 || fused_embedding(s, st) != EMBEDDING_X_LN1)
+            if (l > 0 || !fused_embedding_writes_ln1(s, st))
                 CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, s->dtype, s->stream));
             if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M,
                                   3 * s->C, s->C, NULL, err))
@@ -335,7 +324,7 @@ const BlockOps fused_ops = {
     .score_buffers = 0,
     .device_position = 1,
     .workspace_bytes = fused_workspace_bytes,
-    .embedding = fused_embedding,
+    .embedding_writes_ln1 = fused_embedding_writes_ln1,
     .attn_in = fused_attn_in,
     .attention = fused_attention_op,
     .attn_out = fused_attn_out,
