@@ -54,12 +54,6 @@ struct Out {
     void *y;
     long long ldy;
     const void *bias;
-    bf16 *xt;         // SCRATCH: the residual epilogue's bf16 copy of gamma y (fold probe), or NULL
-    const float *xg;  // SCRATCH: that gamma [N]
-    const float *fs;  // SCRATCH FOLD: s = W gamma [N]
-    const float *shift;  // SCRATCH: c [M] (residual: xt = gamma (y - c); FOLD: the input's c), or NULL: 0
-    float *mean_out;     // SCRATCH FOLD: the rows' means [M] (the next copy's c)
-    int diag;            // SCRATCH: 1 no xt stores, 2 no statistics (timing only)
 };
 
 // gemm_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K]; w_after_x: W's
@@ -172,60 +166,6 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
     }
 }
 
-// SCRATCH (fold probe): the second warpgroup's exact row statistics of fp32 x, (mean, rstd) of rows
-// rank RBB.. of the tile into every block's stats[] (own by plain stores, others by st_async on st_full).
-template <int RB, int VPL, int CN>
-__device__ __forceinline__ void fold_stats_rows(float2 *stats, uint64_t *st_full, const LnIn &in, int r0, int M,
-                                                int K, int rank, int w, int lane) {
-    constexpr int RBB = RB / CN, RPW = RBB >= 4 ? RBB / 4 : 1, RR = RPW < 4 ? RPW : 4;
-    bool waited = false;
-    if (w * RPW >= RBB) {
-        if (CN > 1) cluster_wait();
-        return;
-    }
-    const int nq = K / 4;
-    const float inv_k = 1.0f / K;
-#pragma unroll 1
-    for (int rr = 0; rr < RPW; rr += RR) {
-        float4 v[RR][VPL];
-#pragma unroll
-        for (int j = 0; j < RR; j++) {
-            const int t = r0 + rank * RBB + w * RPW + rr + j;
-            const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
-#pragma unroll
-            for (int i = 0; i < VPL; i++)
-                v[j][i] = 32 * i + lane < nq ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        float mean[RR];
-#pragma unroll
-        for (int j = 0; j < RR; j++) {
-            float a = 0.0f;
-#pragma unroll
-            for (int i = 0; i < VPL; i++) a += (v[j][i].x + v[j][i].y) + (v[j][i].z + v[j][i].w);
-            mean[j] = warp_sum(a) * inv_k;
-        }
-#pragma unroll
-        for (int j = 0; j < RR; j++) {
-            float a = 0.0f;
-#pragma unroll
-            for (int i = 0; i < VPL; i++) {
-                const float m = 32 * i + lane < nq ? mean[j] : 0.0f;
-                const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
-                a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
-            }
-            const float rstd = rsqrtf(warp_sum(a) * inv_k + LN_EPS);
-            if (CN > 1 && rr == 0 && j == 0 && !waited) cluster_wait(), waited = true;  // every block has started
-            const int t = rank * RBB + w * RPW + rr + j;
-            const float2 st = make_float2(mean[j], rstd);
-            if (lane < CN) {
-                if (lane == rank) stats[t] = st;
-                else st_async(cluster_map(&stats[t], lane), make_uint2(__float_as_uint(st.x), __float_as_uint(st.y)),
-                              cluster_map(st_full, lane));
-            }
-        }
-    }
-}
-
 // ----------------------------------------------------------------------------
 // The kernel
 //
@@ -247,17 +187,17 @@ __device__ __forceinline__ void fold_stats_rows(float2 *stats, uint64_t *st_full
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 
-template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1, bool FOLD = false>
-__global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
+template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
+__global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
                 int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL;
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
-    typedef typename std::conditional<LN || FOLD, float, YT>::type BT;  // the bias's type
+    typedef typename std::conditional<LN, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
     static_assert(!LN || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)), "gemm_rows_ln's cases");
-    static_assert(CN == 1 || LN || FOLD, "a cluster along the columns shares gemm_rows_ln's staging only");
+    static_assert(CN == 1 || LN, "a cluster along the columns shares gemm_rows_ln's staging only");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
     extern __shared__ unsigned char smem_raw[];
@@ -268,8 +208,6 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
     float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
     uint64_t *w_full = reinterpret_cast<uint64_t *>(inbox + (split ? RB * PSTR : 0)), *x_full = w_full + 1;
     uint64_t *in_full = w_full + 2;  // K split: the inbox's values, the other ranks' by their bytes
-    uint64_t *st_full = in_full;     // SCRATCH FOLD (never split): the row statistics
-    float2 *stats = reinterpret_cast<float2 *>(w_full + 4);  // SCRATCH FOLD: [RB]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
@@ -283,7 +221,6 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
         mbar_init(w_full, 1);
         mbar_init(x_full, LN && CN > 1 ? LN_THREADS : 1);
         if (split) mbar_init(in_full, THREADS);
-        if (FOLD) mbar_init(st_full, 1 + THREADS);
         mbar_fence_init();
         tma_prefetch_map(&w_map);
         if (!LN) tma_prefetch_map(&x_map);
@@ -292,7 +229,6 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
     // "Started": the barriers are initialised (fence.mbarrier_init orders that before the relaxed
     // arrive), so another block may store into this one once it has waited on this phase.
     if constexpr (split || CN > 1) cluster_arrive_relaxed();
-    float fs[2] = {0.0f, 0.0f};  // SCRATCH FOLD: s at col_of(0), col_of(2)
     auto load_w_after_x = [&] {
         if (w_after_x && tid == 0) load_w();
     };
@@ -307,15 +243,6 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++)
             if (col_of(2 * h) < N) bias[h] = to_f32(static_cast<const BT *>(out.bias)[col_of(2 * h)]);
-    if constexpr (FOLD)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            if (col_of(2 * h) < N) fs[h] = out.fs[col_of(2 * h)];
-    float xg[2] = {0.0f, 0.0f};  // SCRATCH: the copy's gamma
-    if (residual && out.xt)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            if (col_of(2 * h) < N) xg[h] = out.xg[col_of(2 * h)];
     float4 gamma[VPL];  // LN: gamma at this lane's float4s of a row (a weight: before the wait)
     if constexpr (LN)
 #pragma unroll
@@ -341,33 +268,17 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
         if (warp >= THREADS / 32) return;
         mbar_wait_cluster(x_full, 0);
         fence_proxy_async_smem();  // the generic proxy's stores (st_async's too), before the wgmmas read them
-    } else if constexpr (FOLD) {
-        if (tid == 0) {
-            mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
-            if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
-            mbar_arrive_expect_tx(st_full, out.diag & 2 ? 0u : (CN - 1) * (RB / CN) * 8u);
-        }
-        if (warp >= THREADS / 32) {
-            if (CN > 1 && (out.diag & 2)) cluster_wait();
-            if (!(out.diag & 2))
-                fold_stats_rows<RB, VPL, CN>(stats, st_full, ln, r0, M, K, (int)(blockIdx.x % CN), warp - THREADS / 32,
-                                             lane);
-            mbar_arrive(st_full);
-            return;
-        }
-        if constexpr (CN > 1) cluster_wait();
     } else if (tid == 0) {
         mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
         if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
     }
     // The residual's old values, read while x lands (after the wait: earlier kernels of the step
     // write them).
-    float res[NV], cs[NV];  // cs: SCRATCH, the rows' shifts
+    float res[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i);
         res[i] = residual && t < M && f < N ? static_cast<const float *>(out.y)[t * out.ldy + f] : 0.0f;
-        cs[i] = ((residual && out.xt) || FOLD) && out.shift && t < M ? out.shift[t] : 0.0f;
     }
 
     float acc[J][4];
@@ -404,7 +315,6 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
         else mbar_arrive(in_full);
         mbar_wait_cluster(in_full, 0);
     }
-    if constexpr (FOLD) mbar_wait_cluster(st_full, 0);
     trace_mark(TRACE_PHASE + 3);  // the epilogue starts (K split: the partial sums have arrived)
     // Every value first, then the stores: with each value's chain inside its own bounds check, the
     // chains ran one after another (a GELU's ~150 cycles each, ~1.2 us for 16 values a thread with
@@ -421,10 +331,6 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
         } else {
             v[i] = acc[i / 4][i % 4];
         }
-        if constexpr (FOLD) {
-            const float2 st = stats[t - r0];
-            v[i] = st.y * (v[i] - (st.x - cs[i]) * fs[h]);
-        }
         v[i] += bias[h];
         if (EPI == MATMUL_LT_BIAS_GELU) v[i] = gelu_tanh(v[i]);
         if (residual) v[i] += res[i];
@@ -434,45 +340,35 @@ __global__ void __launch_bounds__(LN || FOLD ? LN_THREADS : THREADS, 1)
         const int t = row_of(i), f = col_of(i);
         if (t < M && f < N) static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v[i]);
     }
-    if (residual && out.xt && !(out.diag & 1))  // SCRATCH: the fold's bf16 copy of the new residual
-#pragma unroll
-        for (int i = 0; i < NV; i++) {
-            const int t = row_of(i), f = col_of(i);
-            if (t < M && f < N)
-                out.xt[t * N + f] = __float2bfloat16((v[i] - cs[i]) * xg[split ? 0 : (i >> 1) & 1]);
-        }
-    if constexpr (FOLD)
-        if (blockIdx.x == 0 && tid < RB && r0 + tid < M) out.mean_out[r0 + tid] = stats[tid].x;
 }
 
 // ----------------------------------------------------------------------------
 // Host side: tile choice, tensor maps, launch
 
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far).
-template <int RB, int EPI, int KS, bool LN, int VPL, int CN, bool FOLD = false> cudaError_t allow(size_t smem) {
+template <int RB, int EPI, int KS, bool LN, int VPL, int CN> cudaError_t allow(size_t smem) {
     static size_t smem_set;
     if (smem <= smem_set) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL, CN, FOLD>,
+    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL, CN>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) smem_set = smem;
     return e;
 }
 
 // x's map is for bf16 x (gemm_rows); gemm_rows_ln's x comes in ln and its map is left empty.
-template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1, bool FOLD = false>
+template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
 cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W, int M, int N, int K,
                    cudaStream_t stream) {
     CUtensorMap x_map = {}, w_map;
     const int per = part_slices(K, KS);
     if ((!LN && !tensor_map_slices(&x_map, x, M, K, K, RB, per)) || !tensor_map_slices(&w_map, W, N, K, K, BF, per))
         return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(K, RB, KS) + (FOLD ? 64 + RB * 8 : 0);
-    const cudaError_t e = allow<RB, EPI, KS, LN, VPL, CN, FOLD>(smem);
+    const size_t smem = smem_bytes(K, RB, KS);
+    const cudaError_t e = allow<RB, EPI, KS, LN, VPL, CN>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid(((N + BF - 1) / BF + CN - 1) / CN * CN * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL, CN, FOLD>, grid,
-                              dim3(LN || FOLD ? LN_THREADS : THREADS), smem, KS * CN, stream, x_map, w_map, ln, out, M,
-                              N, K);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL, CN>, grid, dim3(LN ? LN_THREADS : THREADS), smem,
+                              KS * CN, stream, x_map, w_map, ln, out, M, N, K);
 }
 
 template <int RB, int EPI>
@@ -561,11 +457,7 @@ int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
 // W after them). On an H200, 1024 -> 4096 at 48 / 64 rows 7.09 / 7.29 -> 6.62 / 6.57 us, 768 -> 3072
 // 4.93 / 5.13 -> 4.79 / 4.82; at 32 rows (one row tile, 48-64 blocks, resident early) 1024 -> 4096
 // went 5.21 -> 5.82 (docs/PERF.md, "Session 37").
-int pick_w_after_x(int M) {  // SCRATCH knob GPT2_SCRATCH_WAX=N: W after x past N rows
-    static int wax = -2;
-    if (wax == -2) wax = getenv("GPT2_SCRATCH_WAX") ? atoi(getenv("GPT2_SCRATCH_WAX")) : 32;
-    return M > wax;
-}
+int pick_w_after_x(int M) { return M > 32; }
 
 // gemm_rows_ln's cluster along the columns: CN blocks side by side, each normalising RB / CN of the
 // rows into all CN blocks' x tiles, so that each row is read from L2 and normalised once per CN
@@ -625,9 +517,6 @@ cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int
 
 }  // namespace
 
-static bf16 *scratch_xt;  // SCRATCH
-static const float *scratch_xg, *scratch_shift;
-
 extern "C" int gemm_rows_available(void) {
 #if GPT2_SM90A
     static int off = -1;  // GPT2_GEMM_ROWS=0
@@ -669,50 +558,12 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
     if (M == 0) return cudaSuccess;
     Out out = {};
     out.y = y, out.ldy = ldy, out.bias = bias;
-    if (epilogue == MATMUL_LT_BIAS_RESIDUAL) out.xt = scratch_xt, out.xg = scratch_xg, out.shift = scratch_shift;
-    static int diag = -1;
-    out.diag = env_knob("GPT2_SCRATCH_FOLDDIAG", &diag);
     switch (epilogue) {
     case MATMUL_LT_NONE: return launch_rows<MATMUL_LT_NONE>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS: return launch_rows<MATMUL_LT_BIAS>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS_RESIDUAL: return launch_rows<MATMUL_LT_BIAS_RESIDUAL>(rb, ks, out, x, W, M, N, K, stream);
     default: return launch_rows<MATMUL_LT_BIAS_GELU>(rb, ks, out, x, W, M, N, K, stream);
     }
-}
-
-extern "C" void gemm_rows_scratch_tilde(void *xt, const float *gamma, const float *shift) {
-    scratch_xt = (bf16 *)xt, scratch_xg = gamma, scratch_shift = shift;
-}
-
-// SCRATCH fold probe: y = epi(rstd (W xt - mean s) + b'), the statistics from fp32 x by the second
-// warpgroup while the first multiplies. K = 768 only (VPL 6).
-template <int E, int RB>
-cudaError_t fold_launch(int cn, const Out &out, const void *xt, const LnIn &ln, const void *W, int M, int N, int K,
-                        cudaStream_t stream) {
-    switch (cn) {
-    case 1: return launch<RB, E, 1, false, 6, 1, true>(out, xt, ln, W, M, N, K, stream);
-    case 2: return launch<RB, E, 1, false, 6, 2, true>(out, xt, ln, W, M, N, K, stream);
-    case 8: return launch<RB, E, 1, false, 6, 8, true>(out, xt, ln, W, M, N, K, stream);
-    default: return launch<RB, E, 1, false, 6, 4, true>(out, xt, ln, W, M, N, K, stream);
-    }
-}
-
-extern "C" cudaError_t gemm_rows_fold(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *xt, const float *x,
-                                      long long ldx, const float *shift, float *mean_out, const float *s_vec,
-                                      const float *b_folded, const void *W, int M, int N, int K, cudaStream_t stream) {
-    if (K != 768 || M <= 16 || M > 64) return cudaErrorNotSupported;
-    static int forced = -1, forced_rb = -1;
-    const int cn = env_knob("GPT2_SCRATCH_FOLDCN", &forced), rb = env_knob("GPT2_SCRATCH_FOLDRB", &forced_rb);
-    Out out = {};
-    out.y = y, out.ldy = ldy, out.bias = b_folded, out.fs = s_vec, out.shift = shift, out.mean_out = mean_out;
-    static int diag = -1;
-    out.diag = env_knob("GPT2_SCRATCH_FOLDDIAG", &diag);
-    const LnIn ln = {x, ldx, NULL, 0};
-    if (epilogue == MATMUL_LT_BIAS)
-        return rb == 64 ? fold_launch<MATMUL_LT_BIAS, 64>(cn, out, xt, ln, W, M, N, K, stream)
-                        : fold_launch<MATMUL_LT_BIAS, 32>(cn, out, xt, ln, W, M, N, K, stream);
-    return rb == 64 ? fold_launch<MATMUL_LT_BIAS_GELU, 64>(cn, out, xt, ln, W, M, N, K, stream)
-                    : fold_launch<MATMUL_LT_BIAS_GELU, 32>(cn, out, xt, ln, W, M, N, K, stream);
 }
 
 extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
@@ -734,8 +585,7 @@ extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long lon
     if (!gemm_rows_ln_takes(M, N, K) || ldx % 4 || (uintptr_t)x % 16 || (uintptr_t)gamma % 16 || (uintptr_t)W % 16)
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
-    Out out = {};
-    out.y = y, out.ldy = ldy, out.bias = b_folded;
+    const Out out = {y, ldy, b_folded};
     const LnIn ln = {x, ldx, gamma, pick_w_after_x(M)};
     const int rb = pick_ln_rows(M);
     return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, out, ln, W, M, N, K, stream)

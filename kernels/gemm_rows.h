@@ -83,11 +83,6 @@ cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
                          const float *gamma, const void *W, const float *b_folded, int M, int N, int K,
                          cudaStream_t stream);
 
-void gemm_rows_scratch_tilde(void *xt, const float *gamma, const float *shift);  // SCRATCH
-cudaError_t gemm_rows_fold(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *xt, const float *x,
-                           long long ldx, const float *shift, float *mean_out, const float *s_vec, const float *b_folded, const void *W, int M, int N, int K,
-                           cudaStream_t stream);  // SCRATCH
-
 #ifdef __cplusplus
 }
 #endif

@@ -165,20 +165,17 @@ enum { GREEDY_ROWS = 64 };
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
-    float *fold_mean[2];              // SCRATCH: [64] each: qkv's means (A), fc's (B)
 } FusedWorkspace;
 
 static FusedWorkspace fused_workspace(const GpuState *s) {
     FusedWorkspace w;
     w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
     w.greedy_best = s->workspace ? (unsigned long long *)((char *)s->workspace + w.attention) : NULL;
-    w.fold_mean[0] = s->workspace ? (float *)((char *)s->workspace + w.attention + align256((GREEDY_ROWS + 1) * 8)) : NULL;
-    w.fold_mean[1] = w.fold_mean[0] ? w.fold_mean[0] + 64 : NULL;
     return w;
 }
 
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) + 2 * 64 * sizeof(float);
+    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8);
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
@@ -204,32 +201,14 @@ static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
     return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) && !ln_in_product(s, st->M, 3 * s->C);
 }
 
-static int scratch_skip_ln(void) {  // SCRATCH: the LayerNorm kernels' stake, timing only
-    static int v = -1;
-    if (v < 0) v = getenv("GPT2_SCRATCH_SKIPLN") ? atoi(getenv("GPT2_SCRATCH_SKIPLN")) : 0;
-    return v;
-}
-
-// SCRATCH fold probe (timing only: the residual products write a bf16 copy of x into s->ln, qkv and fc
-// fold the LayerNorm with the statistics taken beside their MMAs; no shift, no gamma in the copy).
-static int scratch_fold(const GpuState *s, const GpuStep *st, int N) {
-    static int v = -1;
-    if (v < 0) v = getenv("GPT2_SCRATCH_FOLD") ? atoi(getenv("GPT2_SCRATCH_FOLD")) : 0;
-    return v && s->dtype == DTYPE_BF16 && st->M > 16 && st->M <= 64 && s->C == 768 && gemm_rows_takes(st->M, N, s->C);
-}
-
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
-        if (l > 0 && scratch_fold(s, st, 3 * s->C)) {
-            const FusedWorkspace w = fused_workspace(s);
-            CUDA_TRY(gemm_rows_fold(MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, s->x, s->C, w.fold_mean[1],
-                                    w.fold_mean[0], ly->qkv_s, ly->qkv_b, ly->qkvw, st->M, 3 * s->C, s->C, s->stream));
-        } else if (ln_in_product(s, st->M, 3 * s->C)) {
+        if (ln_in_product(s, st->M, 3 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->x, s->C, ly->ln1w, ly->qkvw, ly->qkv_b,
                                   st->M, 3 * s->C, s->C, s->stream));
         } else {
-            if ((l > 0 || !fused_embedding_writes_ln1(s, st)) && !(scratch_skip_ln() & 1))
+            if (l > 0 || !fused_embedding_writes_ln1(s, st))
                 CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln1w, ly->ln1b, st->M, s->C, s->dtype, s->stream));
             if (many_rows_product(s, MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->ln, ly->qkvw, ly->qkvb_c, st->M,
                                   3 * s->C, s->C, NULL, err))
@@ -265,12 +244,9 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
-        gemm_rows_scratch_tilde(scratch_fold(s, st, 4 * s->C) ? s->ln : NULL, ly->ln2w,
-                                l > 0 ? fused_workspace(s).fold_mean[0] : NULL);
         if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, ly->attprojb, st->M,
                               s->C, s->C, NULL, err))
             return -1;
-        gemm_rows_scratch_tilde(NULL, NULL, NULL);
         return 0;
     }
     FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
@@ -280,19 +256,12 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
-        if (scratch_fold(s, st, 4 * s->C)) {
-            const FusedWorkspace w = fused_workspace(s);
-            CUDA_TRY(gemm_rows_fold(MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, s->x, s->C, l > 0 ? w.fold_mean[0] : NULL,
-                                    w.fold_mean[1], ly->fc_s, ly->fc_b, ly->fcw, st->M, 4 * s->C, s->C, s->stream));
-            return 0;
-        }
         if (ln_in_product(s, st->M, 4 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->x, s->C, ly->ln2w, ly->fcw, ly->fc_b, st->M,
                                   4 * s->C, s->C, s->stream));
             return 0;
         }
-        if (!(scratch_skip_ln() & 2))
-            CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, s->dtype, s->stream));
+        CUDA_TRY(layernorm_forward(s->ln, s->x, ly->ln2w, ly->ln2b, st->M, s->C, s->dtype, s->stream));
         if (many_rows_product(s, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->ln, ly->fcw, ly->fcb_c, st->M, 4 * s->C,
                               s->C, s->scratch, err))
             return -1;
@@ -306,12 +275,9 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C)) {
-        gemm_rows_scratch_tilde(l + 1 < s->L && scratch_fold(s, st, 3 * s->C) ? s->ln : NULL,
-                                l + 1 < s->L ? s->layers[l + 1].ln1w : NULL, fused_workspace(s).fold_mean[1]);
         if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, ly->fcprojb, st->M, s->C,
                               4 * s->C, NULL, err))
             return -1;
-        gemm_rows_scratch_tilde(NULL, NULL, NULL);
         return 0;
     }
     FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
