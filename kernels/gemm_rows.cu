@@ -2,7 +2,8 @@
 // past 32 rows: after its loads of x), x's rows by TMA after it, one wgmma warpgroup with W as the
 // A operand, K split over a cluster's blocks where the tile does not fit. gemm_rows_ln: x's rows
 // fp32, normalised by the blocks themselves into the same x tiles (LayerNorm + Linear in one kernel),
-// shared over a cluster along the columns.
+// shared over a cluster along the columns. gemm_rows_fold: x's tiles are the residual product's bf16
+// copy (TMA, as gemm_rows), and the second warpgroup takes the fp32 rows' statistics for the epilogue.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
@@ -14,7 +15,9 @@
 //            all the block's slices (tma.cuh's tensor_map_slices), which lands x sooner than a copy
 //            a slice with the MMAs started as each landed (docs/PERF.md, "Session 25"); gemm_rows_ln
 //            in a cluster counts its rows on x's instead (its threads' arrivals and the other
-//            blocks' st_async bytes); a K split's inbox has a third, counted the same way
+//            blocks' st_async bytes); a K split's inbox has a third, counted the same way, and
+//            gemm_rows_fold's statistics take that third slot (it never splits K)
+//   stats    gemm_rows_fold: (mean, rstd) of the tile's RB rows
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,19 +44,31 @@ constexpr int PSTR = BF + 4;    // a row of the inbox: 64 partial sums, padded a
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
 
+// Where x's tiles come from: bf16 x by TMA (gemm_rows), fp32 x normalised by the block
+// (gemm_rows_ln), or the residual product's bf16 copy by TMA with the fp32 rows' statistics beside
+// the MMAs (gemm_rows_fold).
+enum Src { SRC_X, SRC_LN, SRC_FOLD };
+
 // Shared memory of a block for K over ks blocks and RB rows, the alignment slack included.
-constexpr size_t smem_bytes(int K, int rb, int ks) {
+constexpr size_t smem_bytes(int K, int rb, int ks, int src = SRC_X) {
     const size_t slices = part_slices(K, ks);
     return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
-           3 * sizeof(uint64_t);
+           3 * sizeof(uint64_t) + (src == SRC_FOLD ? (size_t)rb * 2 * sizeof(float) : 0);
 }
 
 // Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
-// (gemm_rows_ln: fp32, the folded b' = W beta + b, or NULL).
+// (gemm_rows_ln and gemm_rows_fold: fp32, the folded b' = W beta + b, or NULL). The LayerNorm fold
+// (gemm_rows.h): the residual product's copy of its new rows, bf16 copy_gamma (y - shift) [M, N]
+// (NULL: none); gemm_rows_fold's fold_s = W gamma [N], its copy's shift, and where the rows' means go.
 struct Out {
     void *y;
     long long ldy;
     const void *bias;
+    bf16 *copy;
+    const float *copy_gamma;
+    const float *shift;  // [M], or NULL: 0
+    const float *fold_s;
+    float *mean_out;     // [M], or NULL
 };
 
 // gemm_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K]; w_after_x: W's
@@ -74,18 +89,59 @@ constexpr int LN_THREADS = 2 * THREADS;  // gemm_rows_ln's block: two warpgroups
 constexpr int LN_WARPS = LN_THREADS / 32;
 
 // ----------------------------------------------------------------------------
+// Rows of fp32 x in registers and their statistics (gemm_rows_ln's staging, gemm_rows_fold's
+// statistics): a warp holds RR whole rows, lane's float4 i of a row at k = 4 (32 i + lane), VPL of
+// them, so one L2 round trip brings all RR; lanes past the row and rows past M hold zeros.
+
+template <int RR, int VPL>
+__device__ __forceinline__ void load_rows(float4 (&v)[RR][VPL], const LnIn &in, int t0, int M, int K, int lane) {
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        const int t = t0 + j;
+        const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
+#pragma unroll
+        for (int i = 0; i < VPL; i++)
+            v[j][i] = t < M && 32 * i + lane < K / 4 ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// Exact two-pass statistics of each row, reduced by shuffles: its mean, and rstd = 1 / sqrt(var + eps).
+template <int RR, int VPL>
+__device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&mean)[RR], float (&rstd)[RR], int K,
+                                          int lane) {
+    const float inv_k = 1.0f / K;
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VPL; i++) a += (v[j][i].x + v[j][i].y) + (v[j][i].z + v[j][i].w);
+        mean[j] = warp_sum(a) * inv_k;
+    }
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VPL; i++) {
+            const float m = 32 * i + lane < K / 4 ? mean[j] : 0.0f;  // the lanes past the row hold zeros
+            const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
+            a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+        }
+        rstd[j] = rsqrtf(warp_sum(a) * inv_k + LN_EPS);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // gemm_rows_ln's LayerNorm: x's RB rows into the x tiles as wgmma reads them
 //
 // The block's two warpgroups stage (LN_THREADS: the second one only stages, then leaves the MMAs to
 // the first). In a cluster of CN blocks along the columns (the same rows, CN column tiles) block q
 // stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles: its own by plain
-// stores, the others' by st_async, whose bytes count on their x_full (`bar`), so a block waits on its
+// stores, the others by st_async, whose bytes count on their x_full (`bar`), so a block waits on its
 // own barrier for its tile, with no cluster fence or barrier (docs/PERF.md, "Session 38").
 // The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one each), up
-// to four at a time, whole rows in registers (one L2 round trip for the four): exact
-// two-pass statistics with shuffles, then gamma (x - mean) rstd rounded to bf16 and stored under the
-// 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as zeros. beta is
-// not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the product is
+// to four at a time (load_rows, row_stats), then gamma (x - mean) rstd rounded to bf16 and stored
+// under the 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as zeros.
+// beta is not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the product is
 // W (LayerNorm(x) - beta) + b' = W LayerNorm(x) + b.
 // Straight-line code, the lanes past the row masked by selects: a warp runs this with little to
 // hide its latencies but its rows' independent chains and the scheduler's other warp; a branch a
@@ -106,42 +162,17 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
         tile_in[q] = CN > 1 ? cluster_map(x_tiles, q) : 0;
         bar_in[q] = CN > 1 ? cluster_map(bar, q) : 0;
     }
-    const int nq = K / 4;                // float4s a row
-    const float inv_k = 1.0f / K;
+    const int nq = K / 4;  // float4s a row
     // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
     unsigned char *lane_at = x_tiles + (lane / 16) * RB * BK * 2 + (lane & 1) * 8;
     const int chunk = (lane % 16) / 2;
 #pragma unroll 1
     for (int rr = 0; rr < RPW; rr += RR) {
         float4 v[RR][VPL];
-#pragma unroll
-        for (int j = 0; j < RR; j++) {
-            const int t = r0 + rank * RBB + warp * RPW + rr + j;
-            const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
-#pragma unroll
-            for (int i = 0; i < VPL; i++)
-                v[j][i] = t < M && 32 * i + lane < nq ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        load_rows<RR, VPL>(v, in, r0 + rank * RBB + warp * RPW + rr, M, K, lane);
         if (rr == 0) after_loads();
         float mean[RR], rstd[RR];
-#pragma unroll
-        for (int j = 0; j < RR; j++) {
-            float a = 0.0f;
-#pragma unroll
-            for (int i = 0; i < VPL; i++) a += (v[j][i].x + v[j][i].y) + (v[j][i].z + v[j][i].w);
-            mean[j] = warp_sum(a) * inv_k;
-        }
-#pragma unroll
-        for (int j = 0; j < RR; j++) {
-            float a = 0.0f;
-#pragma unroll
-            for (int i = 0; i < VPL; i++) {
-                const float m = 32 * i + lane < nq ? mean[j] : 0.0f;  // the lanes past the row hold zeros
-                const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
-                a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
-            }
-            rstd[j] = r0 + rank * RBB + warp * RPW + rr + j < M ? rsqrtf(warp_sum(a) * inv_k + LN_EPS) : 0.0f;
-        }
+        row_stats<RR, VPL>(v, mean, rstd, K, lane);
 #pragma unroll
         for (int j = 0; j < RR; j++) {
             const int t = rank * RBB + warp * RPW + rr + j;  // the tile's row
@@ -167,6 +198,41 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 }
 
 // ----------------------------------------------------------------------------
+// gemm_rows_fold's statistics: (mean, rstd) of the tile's RB rows into every block's stats[]
+//
+// The second warpgroup's 4 warps, while the first multiplies. In a cluster of CN blocks along the
+// columns block q takes rows q RB / CN.. (a warp RB / CN / 4 of them, or one) and hands each row's
+// pair to all CN blocks: its own by a plain store, the others by st_async counted on their st_full,
+// as gemm_rows_ln shares its staged rows. The loads go out before the wait for every block of the
+// cluster to have started (a remote store needs that), so the wait hides behind them (docs/PERF.md,
+// "Session 49": issued after it, the statistics sat longer on the path).
+template <int RB, int VPL, int CN>
+__device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, const LnIn &in, int r0, int M, int K,
+                                           int rank, int w, int lane) {
+    constexpr int RBB = RB / CN, RPW = RBB >= 4 ? RBB / 4 : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
+    if (w * RPW >= RBB) {
+        if (CN > 1) cluster_wait();
+        return;
+    }
+#pragma unroll 1
+    for (int rr = 0; rr < RPW; rr += RR) {
+        float4 v[RR][VPL];
+        load_rows<RR, VPL>(v, in, r0 + rank * RBB + w * RPW + rr, M, K, lane);
+        float mean[RR], rstd[RR];
+        row_stats<RR, VPL>(v, mean, rstd, K, lane);
+        if (CN > 1 && rr == 0) cluster_wait();  // every block has started
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            const int t = rank * RBB + w * RPW + rr + j;  // the tile's row
+            if (lane == rank) stats[t] = make_float2(mean[j], rstd[j]);
+            else if (lane < CN)
+                st_async(cluster_map(&stats[t], lane), make_uint2(__float_as_uint(mean[j]), __float_as_uint(rstd[j])),
+                         cluster_map(st_full, lane));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // The kernel
 //
 // Blocks KS bx .. KS bx + KS - 1 (one cluster) own columns f0 = 64 bx.. and rows r0 = RB by.., and
@@ -186,18 +252,27 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 // a "started" phase first thing and waits on it before its first remote store.
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
+//
+// gemm_rows_fold (SRC_FOLD): the first warpgroup multiplies the copy's tiles as gemm_rows does; the
+// second takes the statistics (fold_stats) and leaves; the epilogue waits for them on st_full and
+// finishes y = rstd (acc - (mean - c) s) + b' (gemm_rows.h), block 0 of the columns writing the
+// means. The residual epilogue with out.copy also stores bf16 gamma' (y - c), after y's stores; its
+// c is read with the residual (a load issued after the stores waited for them: docs/PERF.md,
+// "Session 49").
 
-template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
-__global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
+template <int RB, int EPI, int KS, int SRC, int VPL = 1, int CN = 1>
+__global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
                 int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
+    constexpr bool LN = SRC == SRC_LN, FOLD = SRC == SRC_FOLD;
     constexpr bool residual = EPI == MATMUL_LT_BIAS_RESIDUAL;
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
-    typedef typename std::conditional<LN, float, YT>::type BT;  // the bias's type
+    typedef typename std::conditional<LN || FOLD, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
-    static_assert(!LN || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)), "gemm_rows_ln's cases");
-    static_assert(CN == 1 || LN, "a cluster along the columns shares gemm_rows_ln's staging only");
+    static_assert(SRC == SRC_X || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)),
+                  "gemm_rows_ln's and gemm_rows_fold's cases");
+    static_assert(CN == 1 || SRC != SRC_X, "a cluster along the columns shares gemm_rows_ln's staging only");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
     extern __shared__ unsigned char smem_raw[];
@@ -208,6 +283,8 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
     float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
     uint64_t *w_full = reinterpret_cast<uint64_t *>(inbox + (split ? RB * PSTR : 0)), *x_full = w_full + 1;
     uint64_t *in_full = w_full + 2;  // K split: the inbox's values, the other ranks' by their bytes
+    uint64_t *st_full = w_full + 2;  // gemm_rows_fold (K whole): the statistics, the other ranks' by their bytes
+    float2 *stats = reinterpret_cast<float2 *>(w_full + 3);  // gemm_rows_fold: [RB]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
 
@@ -221,6 +298,7 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
         mbar_init(w_full, 1);
         mbar_init(x_full, LN && CN > 1 ? LN_THREADS : 1);
         if (split) mbar_init(in_full, THREADS);
+        if (FOLD) mbar_init(st_full, 1 + THREADS);  // thread 0's expect, the second warpgroup's arrivals
         mbar_fence_init();
         tma_prefetch_map(&w_map);
         if (!LN) tma_prefetch_map(&x_map);
@@ -243,6 +321,13 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++)
             if (col_of(2 * h) < N) bias[h] = to_f32(static_cast<const BT *>(out.bias)[col_of(2 * h)]);
+    float fold_s[2] = {0.0f, 0.0f}, copy_gamma[2] = {0.0f, 0.0f};  // s, the copy's gamma at col_of(0), col_of(2)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        if (col_of(2 * h) < N) {
+            if (FOLD) fold_s[h] = out.fold_s[col_of(2 * h)];
+            if (residual && out.copy) copy_gamma[h] = out.copy_gamma[col_of(2 * h)];
+        }
     float4 gamma[VPL];  // LN: gamma at this lane's float4s of a row (a weight: before the wait)
     if constexpr (LN)
 #pragma unroll
@@ -268,17 +353,32 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
         if (warp >= THREADS / 32) return;
         mbar_wait_cluster(x_full, 0);
         fence_proxy_async_smem();  // the generic proxy's stores (st_async's too), before the wgmmas read them
-    } else if (tid == 0) {
-        mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
-        if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
+    } else {
+        if (tid == 0) {
+            mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
+            if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
+            // The other ranks' statistics, RB / CN rows of them, by their bytes.
+            if (FOLD) mbar_arrive_expect_tx(st_full, (CN - 1) * (RB / CN) * (uint32_t)sizeof(float2));
+        }
+        if constexpr (FOLD) {
+            if (warp >= THREADS / 32) {  // the second warpgroup: the statistics, then it leaves
+                fold_stats<RB, VPL, CN>(stats, st_full, ln, r0, M, K, (int)(blockIdx.x % CN), warp - THREADS / 32,
+                                        lane);
+                mbar_arrive(st_full);
+                return;
+            }
+            if constexpr (CN > 1) cluster_wait();  // the "started" phase, as every thread of the cluster
+        }
     }
-    // The residual's old values, read while x lands (after the wait: earlier kernels of the step
-    // write them).
-    float res[NV];
+    // The residual's old values and the rows' shifts c, read while x lands (after the wait: earlier
+    // kernels of the step write them).
+    const bool shifted = (FOLD || (residual && out.copy)) && out.shift;
+    float res[NV], row_c[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i);
         res[i] = residual && t < M && f < N ? static_cast<const float *>(out.y)[t * out.ldy + f] : 0.0f;
+        row_c[i] = shifted && t < M ? out.shift[t] : 0.0f;
     }
 
     float acc[J][4];
@@ -315,6 +415,7 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
         else mbar_arrive(in_full);
         mbar_wait_cluster(in_full, 0);
     }
+    if constexpr (FOLD) mbar_wait_cluster(st_full, 0);  // every row's statistics
     trace_mark(TRACE_PHASE + 3);  // the epilogue starts (K split: the partial sums have arrived)
     // Every value first, then the stores: with each value's chain inside its own bounds check, the
     // chains ran one after another (a GELU's ~150 cycles each, ~1.2 us for 16 values a thread with
@@ -331,6 +432,10 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
         } else {
             v[i] = acc[i / 4][i % 4];
         }
+        if constexpr (FOLD) {  // W (gamma (x - mean)) = W copy - (mean - c) s, times rstd
+            const float2 st = stats[t - r0];
+            v[i] = st.y * (v[i] - (st.x - row_c[i]) * fold_s[h]);
+        }
         v[i] += bias[h];
         if (EPI == MATMUL_LT_BIAS_GELU) v[i] = gelu_tanh(v[i]);
         if (residual) v[i] += res[i];
@@ -340,35 +445,44 @@ __global__ void __launch_bounds__(LN ? LN_THREADS : THREADS, 1)
         const int t = row_of(i), f = col_of(i);
         if (t < M && f < N) static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v[i]);
     }
+    if (residual && out.copy)  // the next LayerNorm's copy of the new rows, N apart
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int t = row_of(i), f = col_of(i);
+            if (t < M && f < N) out.copy[t * N + f] = __float2bfloat16((v[i] - row_c[i]) * copy_gamma[split ? 0 : (i >> 1) & 1]);
+        }
+    if (FOLD && out.mean_out && blockIdx.x == 0 && tid < RB && r0 + tid < M) out.mean_out[r0 + tid] = stats[tid].x;
 }
 
 // ----------------------------------------------------------------------------
 // Host side: tile choice, tensor maps, launch
 
 // The kernel's shared memory allowed up to smem (per instantiation: the largest so far).
-template <int RB, int EPI, int KS, bool LN, int VPL, int CN> cudaError_t allow(size_t smem) {
+template <int RB, int EPI, int KS, int SRC, int VPL, int CN> cudaError_t allow(size_t smem) {
     static size_t smem_set;
     if (smem <= smem_set) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, LN, VPL, CN>,
+    const cudaError_t e = cudaFuncSetAttribute(rows_kernel<RB, EPI, KS, SRC, VPL, CN>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) smem_set = smem;
     return e;
 }
 
-// x's map is for bf16 x (gemm_rows); gemm_rows_ln's x comes in ln and its map is left empty.
-template <int RB, int EPI, int KS, bool LN, int VPL = 1, int CN = 1>
+// x's map is for bf16 x (gemm_rows; gemm_rows_fold's copy); gemm_rows_ln's x comes in ln and its map
+// is left empty.
+template <int RB, int EPI, int KS, int SRC, int VPL = 1, int CN = 1>
 cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W, int M, int N, int K,
                    cudaStream_t stream) {
     CUtensorMap x_map = {}, w_map;
     const int per = part_slices(K, KS);
-    if ((!LN && !tensor_map_slices(&x_map, x, M, K, K, RB, per)) || !tensor_map_slices(&w_map, W, N, K, K, BF, per))
+    if ((SRC != SRC_LN && !tensor_map_slices(&x_map, x, M, K, K, RB, per)) ||
+        !tensor_map_slices(&w_map, W, N, K, K, BF, per))
         return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(K, RB, KS);
-    const cudaError_t e = allow<RB, EPI, KS, LN, VPL, CN>(smem);
+    const size_t smem = smem_bytes(K, RB, KS, SRC);
+    const cudaError_t e = allow<RB, EPI, KS, SRC, VPL, CN>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid(((N + BF - 1) / BF + CN - 1) / CN * CN * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, LN, VPL, CN>, grid, dim3(LN ? LN_THREADS : THREADS), smem,
-                              KS * CN, stream, x_map, w_map, ln, out, M, N, K);
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, SRC, VPL, CN>, grid, dim3(SRC != SRC_X ? LN_THREADS : THREADS),
+                              smem, KS * CN, stream, x_map, w_map, ln, out, M, N, K);
 }
 
 template <int RB, int EPI>
@@ -376,10 +490,10 @@ cudaError_t launch_split(int ks, const Out &out, const void *x, const void *W, i
                          cudaStream_t stream) {
     const LnIn none = {};
     switch (ks) {
-    case 1: return launch<RB, EPI, 1, false>(out, x, none, W, M, N, K, stream);
-    case 2: return launch<RB, EPI, 2, false>(out, x, none, W, M, N, K, stream);
-    case 4: return launch<RB, EPI, 4, false>(out, x, none, W, M, N, K, stream);
-    default: return launch<RB, EPI, 8, false>(out, x, none, W, M, N, K, stream);
+    case 1: return launch<RB, EPI, 1, SRC_X>(out, x, none, W, M, N, K, stream);
+    case 2: return launch<RB, EPI, 2, SRC_X>(out, x, none, W, M, N, K, stream);
+    case 4: return launch<RB, EPI, 4, SRC_X>(out, x, none, W, M, N, K, stream);
+    default: return launch<RB, EPI, 8, SRC_X>(out, x, none, W, M, N, K, stream);
     }
 }
 
@@ -473,15 +587,17 @@ int pick_w_after_x(int M) { return M > 32; }
 // GPT2_LN_CLUSTER=2|4 forces that cluster where it fits (else none), any other non-zero value none.
 bool ln_cluster4_pays(int M, int K) { return M > 16 || K > 768; }
 
-template <int RB, int EPI, int VPL, int CN>
-bool ln_clusters_fit(int M, int N, int K) {
+// 1 when the grid's clusters of CN blocks along the columns (gemm_rows_ln's, gemm_rows_fold's) all
+// fit on the device at once.
+template <int RB, int EPI, int SRC, int VPL, int CN>
+bool clusters_fit(int M, int N, int K) {
     if (CN == 1) return true;
-    const size_t smem = smem_bytes(K, RB, 1);
-    if (allow<RB, EPI, 1, true, VPL, CN>(smem) != cudaSuccess) return false;
+    const size_t smem = smem_bytes(K, RB, 1, SRC);
+    if (allow<RB, EPI, 1, SRC, VPL, CN>(smem) != cudaSuccess) return false;
     static size_t asked_smem;
     static int clusters;
     if (asked_smem != smem) {
-        clusters = max_active_clusters(reinterpret_cast<const void *>(rows_kernel<RB, EPI, 1, true, VPL, CN>), CN,
+        clusters = max_active_clusters(reinterpret_cast<const void *>(rows_kernel<RB, EPI, 1, SRC, VPL, CN>), CN,
                                        LN_THREADS, smem);
         asked_smem = smem;
     }
@@ -492,11 +608,11 @@ template <int EPI, int VPL, int RB>
 cudaError_t launch_ln_cn(const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
     static int forced = -1;
     const int cn = env_knob("GPT2_LN_CLUSTER", &forced);
-    if ((cn == 4 || (cn == 0 && ln_cluster4_pays(M, K))) && ln_clusters_fit<RB, EPI, VPL, 4>(M, N, K))
-        return launch<RB, EPI, 1, true, VPL, 4>(out, NULL, ln, W, M, N, K, stream);
-    if ((cn == 2 || cn == 0) && ln_clusters_fit<RB, EPI, VPL, 2>(M, N, K))
-        return launch<RB, EPI, 1, true, VPL, 2>(out, NULL, ln, W, M, N, K, stream);
-    return launch<RB, EPI, 1, true, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
+    if ((cn == 4 || (cn == 0 && ln_cluster4_pays(M, K))) && clusters_fit<RB, EPI, SRC_LN, VPL, 4>(M, N, K))
+        return launch<RB, EPI, 1, SRC_LN, VPL, 4>(out, NULL, ln, W, M, N, K, stream);
+    if ((cn == 2 || cn == 0) && clusters_fit<RB, EPI, SRC_LN, VPL, 2>(M, N, K))
+        return launch<RB, EPI, 1, SRC_LN, VPL, 2>(out, NULL, ln, W, M, N, K, stream);
+    return launch<RB, EPI, 1, SRC_LN, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
 }
 
 template <int EPI, int VPL>
@@ -512,6 +628,47 @@ cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int
     case 2: return launch_ln_rows<EPI, 2>(rb, out, ln, W, M, N, K, stream);
     case 6: return launch_ln_rows<EPI, 6>(rb, out, ln, W, M, N, K, stream);
     default: return launch_ln_rows<EPI, 8>(rb, out, ln, W, M, N, K, stream);
+    }
+}
+
+// gemm_rows_fold's tile and cluster: 32 rows a block (64 lost 14-25% at 64 rows), and clusters of 8
+// blocks along the columns where the grid's all fit on the device at once, else of 4, else it does
+// not take the product. On an H200 at decode B = 64 (124M), against the LayerNorm kernel and
+// gemm_rows: 8 +4.5% (B = 32 +6.8%), 4 +1.8-4%, 2 and 1 lost (docs/PERF.md, "Session 49": a block's
+// statistics are RB / CN rows, each read from L2 once per CN column blocks). The cluster is asked
+// of the GELU instantiation for both epilogues (the same shared memory and threads).
+constexpr int FOLD_ROWS = 32;
+
+bool fold_fits(int K) { return smem_bytes(K, FOLD_ROWS, 1, SRC_FOLD) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0); }
+
+template <int VPL> int fold_cluster_vpl(int M, int N, int K) {
+    if (clusters_fit<FOLD_ROWS, MATMUL_LT_BIAS_GELU, SRC_FOLD, VPL, 8>(M, N, K)) return 8;
+    if (clusters_fit<FOLD_ROWS, MATMUL_LT_BIAS_GELU, SRC_FOLD, VPL, 4>(M, N, K)) return 4;
+    return 0;
+}
+
+int fold_cluster(int M, int N, int K) {
+    switch (ln_vpl(K)) {
+    case 2: return fold_cluster_vpl<2>(M, N, K);
+    case 6: return fold_cluster_vpl<6>(M, N, K);
+    default: return fold_cluster_vpl<8>(M, N, K);
+    }
+}
+
+template <int EPI, int VPL>
+cudaError_t launch_fold_vpl(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N,
+                            int K, cudaStream_t stream) {
+    return cn == 8 ? launch<FOLD_ROWS, EPI, 1, SRC_FOLD, VPL, 8>(out, copy, x, W, M, N, K, stream)
+                   : launch<FOLD_ROWS, EPI, 1, SRC_FOLD, VPL, 4>(out, copy, x, W, M, N, K, stream);
+}
+
+template <int EPI>
+cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N, int K,
+                        cudaStream_t stream) {
+    switch (ln_vpl(K)) {
+    case 2: return launch_fold_vpl<EPI, 2>(cn, out, copy, x, W, M, N, K, stream);
+    case 6: return launch_fold_vpl<EPI, 6>(cn, out, copy, x, W, M, N, K, stream);
+    default: return launch_fold_vpl<EPI, 8>(cn, out, copy, x, W, M, N, K, stream);
     }
 }
 
@@ -544,8 +701,10 @@ extern "C" int gemm_rows_takes(int M, int N, int K) {
     return fits(K, rb, ks) && wave_rule(M, N, rb, ks);
 }
 
-extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
-                                    const void *bias, int M, int N, int K, int rb, int ks, cudaStream_t stream) {
+// gemm_rows_ex, and with the LayerNorm fold's copy (the residual epilogue): gemm_rows_residual_copy.
+static cudaError_t run_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
+                            const void *bias, int M, int N, int K, int rb, int ks, const GemmRowsCopy *copy,
+                            cudaStream_t stream) {
     if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !x || !W || (epilogue != MATMUL_LT_NONE && !bias) ||
         epilogue < MATMUL_LT_NONE || epilogue > MATMUL_LT_BIAS_GELU || (rb && rb != 16 && rb != 32 && rb != 64) ||
         (ks && ks != 1 && ks != 2 && ks != 4 && ks != 8))
@@ -558,12 +717,18 @@ extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long lon
     if (M == 0) return cudaSuccess;
     Out out = {};
     out.y = y, out.ldy = ldy, out.bias = bias;
+    if (copy) out.copy = static_cast<bf16 *>(copy->copy), out.copy_gamma = copy->gamma, out.shift = copy->shift;
     switch (epilogue) {
     case MATMUL_LT_NONE: return launch_rows<MATMUL_LT_NONE>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS: return launch_rows<MATMUL_LT_BIAS>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS_RESIDUAL: return launch_rows<MATMUL_LT_BIAS_RESIDUAL>(rb, ks, out, x, W, M, N, K, stream);
     default: return launch_rows<MATMUL_LT_BIAS_GELU>(rb, ks, out, x, W, M, N, K, stream);
     }
+}
+
+extern "C" cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
+                                    const void *bias, int M, int N, int K, int rb, int ks, cudaStream_t stream) {
+    return run_rows(epilogue, y, ldy, x, W, bias, M, N, K, rb, ks, NULL, stream);
 }
 
 extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, const void *x, const void *W,
@@ -585,9 +750,42 @@ extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long lon
     if (!gemm_rows_ln_takes(M, N, K) || ldx % 4 || (uintptr_t)x % 16 || (uintptr_t)gamma % 16 || (uintptr_t)W % 16)
         return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
-    const Out out = {y, ldy, b_folded};
+    Out out = {};
+    out.y = y, out.ldy = ldy, out.bias = b_folded;
     const LnIn ln = {x, ldx, gamma, pick_w_after_x(M)};
     const int rb = pick_ln_rows(M);
     return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, out, ln, W, M, N, K, stream)
                                       : launch_ln<MATMUL_LT_BIAS_GELU>(rb, out, ln, W, M, N, K, stream);
+}
+
+// ----------------------------------------------------------------------------
+// The LayerNorm fold (gemm_rows.h)
+
+extern "C" cudaError_t gemm_rows_residual_copy(float *y, long long ldy, const void *x, const void *W, const void *bias,
+                                               int M, int N, int K, const GemmRowsCopy *copy, cudaStream_t stream) {
+    if (!copy || !copy->copy || !copy->gamma) return cudaErrorInvalidValue;
+    return run_rows(MATMUL_LT_BIAS_RESIDUAL, y, ldy, x, W, bias, M, N, K, 0, 0, copy, stream);
+}
+
+extern "C" int gemm_rows_fold_takes(int M, int N, int K) {
+    return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_FOLD_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
+           K <= LN_MAX_K && fold_fits(K) && fold_cluster(M, N, K) > 0;
+}
+
+extern "C" cudaError_t gemm_rows_fold(MatmulLtEpilogue epilogue, void *y, long long ldy, const GemmRowsFold *in,
+                                      const void *W, const float *s, const float *b_folded, int M, int N, int K,
+                                      cudaStream_t stream) {
+    if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !in || !in->x || in->ldx < K || !in->copy || !s || !W ||
+        (in->shift && in->shift == in->mean_out) || (epilogue != MATMUL_LT_BIAS && epilogue != MATMUL_LT_BIAS_GELU))
+        return cudaErrorInvalidValue;
+    if (!gemm_rows_fold_takes(M, N, K) || in->ldx % 4 || (uintptr_t)in->x % 16 || (uintptr_t)in->copy % 16 ||
+        (uintptr_t)W % 16)
+        return cudaErrorNotSupported;
+    if (M == 0) return cudaSuccess;
+    Out out = {};
+    out.y = y, out.ldy = ldy, out.bias = b_folded, out.fold_s = s, out.shift = in->shift, out.mean_out = in->mean_out;
+    const LnIn x = {in->x, in->ldx, NULL, 0};
+    const int cn = fold_cluster(M, N, K);
+    return epilogue == MATMUL_LT_BIAS ? launch_fold<MATMUL_LT_BIAS>(cn, out, in->copy, x, W, M, N, K, stream)
+                                      : launch_fold<MATMUL_LT_BIAS_GELU>(cn, out, in->copy, x, W, M, N, K, stream);
 }

@@ -162,20 +162,26 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 // rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it
 // takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
 enum { GREEDY_ROWS = 64 };
+// Then the LayerNorm fold's row means (ln_folded below): qkv's and fc's, each the shift c of the copy
+// the next residual product writes.
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
+    float *qkv_mean, *fc_mean;        // [GEMM_ROWS_FOLD_MAX_ROWS] each
 } FusedWorkspace;
 
 static FusedWorkspace fused_workspace(const GpuState *s) {
     FusedWorkspace w;
     w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
-    w.greedy_best = s->workspace ? (unsigned long long *)((char *)s->workspace + w.attention) : NULL;
+    char *greedy = s->workspace ? (char *)s->workspace + w.attention : NULL;
+    w.greedy_best = (unsigned long long *)greedy;
+    w.qkv_mean = greedy ? (float *)(greedy + align256((GREEDY_ROWS + 1) * 8)) : NULL;
+    w.fc_mean = greedy ? w.qkv_mean + GEMM_ROWS_FOLD_MAX_ROWS : NULL;
     return w;
 }
 
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8);
+    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) + 2 * GEMM_ROWS_FOLD_MAX_ROWS * sizeof(float);
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
@@ -201,10 +207,54 @@ static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
     return st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C) && !ln_in_product(s, st->M, 3 * s->C);
 }
 
+// Whether a step of M rows folds its LayerNorms into the products after them (gemm_rows.h, "The
+// LayerNorm folded into the product"): past gemm_rows_ln's rows, where every product of the block takes
+// the many-row route through gemm_rows (the residual products write the copies the folded ones read,
+// so all four must agree: this is the one place they ask). ln1 from layer 1 on (layer 0's comes from
+// the embedding kernel), ln2 in every layer; s->ln holds the copy, FusedWorkspace the means.
+// On an H200 (124M, decode, against the LayerNorm kernel and gemm_rows): docs/PERF.md, "Session 50".
+// GPT2_LN_FOLD=0 turns it off (to compare routes).
+static int ln_folded(const GpuState *s, int M) {
+    static int off = -1;
+    if (off < 0) off = getenv("GPT2_LN_FOLD") && strcmp(getenv("GPT2_LN_FOLD"), "0") == 0;
+    const int C = s->C;
+    return !off && s->dtype == DTYPE_BF16 && M > 0 && !ln_in_product(s, M, 3 * C) && !ln_in_product(s, M, 4 * C) &&
+           M > fused_rows(s, LINEAR_OP_LN, M, 3 * C, C) && M > fused_rows(s, LINEAR_OP_LN, M, 4 * C, C) &&
+           M > fused_rows(s, LINEAR_OP_PLAIN, M, C, C) && M > fused_rows(s, LINEAR_OP_PLAIN, M, C, 4 * C) &&
+           gemm_rows_takes(M, C, C) && gemm_rows_takes(M, C, 4 * C) && gemm_rows_fold_takes(M, 3 * C, C) &&
+           gemm_rows_fold_takes(M, 4 * C, C);
+}
+
+// A folded product (qkv from layer 1 on, fc): the LayerNorm's copy in s->ln, the rows' statistics
+// from s->x; c is the mean the other folded product measured last (the one the copy was made with),
+// and this product's means go to its own buffer.
+static int folded_product(GpuState *s, const GpuStep *st, MatmulLtEpilogue epi, void *y, int N, const void *W,
+                          const float *fs, const float *fb, const float *shift, float *mean_out, Error *err) {
+    const GemmRowsFold in = {s->x, s->C, s->ln, shift, mean_out};
+    CUDA_TRY(gemm_rows_fold(epi, y, N, &in, W, fs, fb, st->M, N, s->C, s->stream));
+    return 0;
+}
+
+// A residual product that writes the copy for the next LayerNorm (gamma, the shift c its consumer
+// will be given), or NULL (the last layer: lnf goes through its kernel).
+static int residual_product(GpuState *s, const GpuStep *st, const void *x, const void *W, const void *bias, int K,
+                            const float *gamma, const float *shift, Error *err) {
+    if (!gamma)
+        return many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, x, W, bias, st->M, s->C, K, NULL, err);
+    const GemmRowsCopy copy = {s->ln, gamma, shift};
+    CUDA_TRY(gemm_rows_residual_copy(s->x, s->C, x, W, bias, st->M, s->C, K, &copy, s->stream));
+    return 0;
+}
+
 static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
-        if (ln_in_product(s, st->M, 3 * s->C)) {
+        if (l > 0 && ln_folded(s, st->M)) {
+            const FusedWorkspace w = fused_workspace(s);
+            if (folded_product(s, st, MATMUL_LT_BIAS, s->scratch, 3 * s->C, ly->qkvw, ly->qkv_s, ly->qkv_b, w.fc_mean,
+                               w.qkv_mean, err))
+                return -1;
+        } else if (ln_in_product(s, st->M, 3 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->x, s->C, ly->ln1w, ly->qkvw, ly->qkv_b,
                                   st->M, 3 * s->C, s->C, s->stream));
         } else {
@@ -244,10 +294,9 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
-        if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->atty, ly->attprojw, ly->attprojb, st->M,
-                              s->C, s->C, NULL, err))
-            return -1;
-        return 0;
+        const int fold = ln_folded(s, st->M);  // the copy for ln2, shifted by qkv's means (layer 0: none)
+        return residual_product(s, st, s->atty, ly->attprojw, ly->attprojb, s->C, fold ? ly->ln2w : NULL,
+                                l > 0 ? fused_workspace(s).qkv_mean : NULL, err);
     }
     FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
     return 0;
@@ -256,6 +305,11 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
+        if (ln_folded(s, st->M)) {
+            const FusedWorkspace w = fused_workspace(s);
+            return folded_product(s, st, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, ly->fcw, ly->fc_s, ly->fc_b,
+                                  l > 0 ? w.qkv_mean : NULL, w.fc_mean, err);
+        }
         if (ln_in_product(s, st->M, 4 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->x, s->C, ly->ln2w, ly->fcw, ly->fc_b, st->M,
                                   4 * s->C, s->C, s->stream));
@@ -275,10 +329,9 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, 4 * s->C)) {
-        if (many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, s->h, ly->fcprojw, ly->fcprojb, st->M, s->C,
-                              4 * s->C, NULL, err))
-            return -1;
-        return 0;
+        const int fold = l + 1 < s->L && ln_folded(s, st->M);  // the copy for the next ln1, shifted by fc's means
+        return residual_product(s, st, s->h, ly->fcprojw, ly->fcprojb, 4 * s->C, fold ? s->layers[l + 1].ln1w : NULL,
+                                fused_workspace(s).fc_mean, err);
     }
     FUSED_TRY(linear_residual(s->h, ly->fcprojw, s->dtype, ly->fcprojb, s->x, st->M, s->C, 4 * s->C, s->stream));
     return 0;

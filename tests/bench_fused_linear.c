@@ -1,11 +1,12 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
-//                                                                                  | --logits
+//                                                                                  | --fold | --logits
 //                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M
 //                                                                                  | --one-rows EPILOGUE K N M]
-// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt; --logits:
-// logits_rows against cuBLASLt, below)
+// (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt; --fold: the
+// LayerNorm fold against the LayerNorm kernel and gemm_rows_ln; --logits: logits_rows against
+// cuBLASLt, below)
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -521,6 +522,138 @@ static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
     cudaFree(b.bias), cudaFree(b.y);
 }
 
+// ----------------------------------------------------------------------------
+// The LayerNorm fold (gemm_rows.h) at GPT-2 124M's qkv and fc, batched-decode rows: gemm_rows_fold
+// (the residual product's copy, the statistics beside the MMAs) and gemm_rows_ln (the rows normalised
+// inside the product) against gemm_rows alone on LayerNorm's output, the product the LayerNorm
+// kernel route runs after that kernel (whose own cost, ~1.2 us on the path at 64 rows, only the
+// engine's step shows: docs/PERF.md, "Session 49"); then what the copy costs the residual products
+// that write it. Both validated against a LayerNorm kernel + gemm_rows (rel_l2 <= 1e-2) first.
+
+typedef struct {
+    MatmulLtEpilogue epi;
+    int M, N, K, nsets;
+    float **x;           // [nsets] fp32 [M, K]
+    void **copy, **W;    // [nsets] bf16 gamma (x - c) [M, K], W [N, K]
+    float *gamma, *beta, *s, *b2, *c, *mean;
+    void *bias, *xn, *y;  // bias bf16 [N]; the LayerNorm's output bf16 [M, K]; y bf16 [M, N]
+} FoldBench;
+
+static void enqueue_fold_product(void *p, int set) {
+    FoldBench *b = p;
+    CK(gemm_rows(b->epi, b->y, b->N, b->xn, b->W[set], b->bias, b->M, b->N, b->K, stream));
+}
+static void enqueue_fold_ln(void *p, int set) {
+    FoldBench *b = p;
+    CK(gemm_rows_ln(b->epi, b->y, b->N, b->x[set], b->K, b->gamma, b->W[set], b->b2, b->M, b->N, b->K, stream));
+}
+static void enqueue_fold(void *p, int set) {
+    FoldBench *b = p;
+    const GemmRowsFold in = {b->x[set], b->K, b->copy[set], b->c, b->mean};
+    CK(gemm_rows_fold(b->epi, b->y, b->N, &in, b->W[set], b->s, b->b2, b->M, b->N, b->K, stream));
+}
+
+static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
+    FoldBench b = {epi, M, N, K, nsets_for((size_t)N * K * 2), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL};
+    float *hx = xmalloc((size_t)M * K * 4), *hw = xmalloc((size_t)N * K * 4), *hc = xmalloc(M * 4);
+    float *g = xmalloc(K * 4), *be = xmalloc(K * 4), *hb = xmalloc(N * 4), *hs = xmalloc(N * 4), *hb2 = xmalloc(N * 4);
+    for (int k = 0; k < K; k++) g[k] = 1.0f + 0.2f * frand(), be[k] = 0.1f * frand();
+    for (int n = 0; n < N; n++) hb[n] = 0.1f * frand();
+    b.x = xmalloc(b.nsets * sizeof(float *)), b.copy = xmalloc(b.nsets * sizeof(void *));
+    b.W = xmalloc(b.nsets * sizeof(void *));
+    for (int i = 0; i < b.nsets; i++) {
+        for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = bf16_to_float(float_to_bf16(frand() * 0.03f));
+        for (int m = 0; m < M; m++) {  // rows of mean ~10, c their mean
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += hx[(size_t)m * K + k] = 10.0f + frand();
+            hc[m] = (float)(sum / K);
+        }
+        float *hcopy = xmalloc((size_t)M * K * 4);
+        for (size_t j = 0; j < (size_t)M * K; j++) hcopy[j] = (hx[j] - hc[j / K]) * g[j % K];
+        b.x[i] = upload_w(hx, (size_t)M * K, DTYPE_F32);
+        b.copy[i] = upload_w(hcopy, (size_t)M * K, DTYPE_BF16);
+        b.W[i] = upload_w(hw, (size_t)N * K, DTYPE_BF16);
+        free(hcopy);
+    }
+    for (int n = 0; n < N; n++) {  // ln_fold.cu's vectors, from the last set's W (the timing does not care)
+        double ss = 0, bb = hb[n];
+        for (int k = 0; k < K; k++) ss += (double)hw[(size_t)n * K + k] * g[k], bb += (double)hw[(size_t)n * K + k] * be[k];
+        hs[n] = (float)ss, hb2[n] = (float)bb;
+    }
+    b.gamma = upload_w(g, K, DTYPE_F32), b.beta = upload_w(be, K, DTYPE_F32), b.s = upload_w(hs, N, DTYPE_F32);
+    b.b2 = upload_w(hb2, N, DTYPE_F32), b.c = upload_w(hc, M, DTYPE_F32), b.bias = upload_w(hb, N, DTYPE_BF16);
+    CK(cudaMalloc((void **)&b.mean, M * 4));
+    CK(cudaMalloc(&b.xn, (size_t)M * K * 2));
+    CK(cudaMalloc(&b.y, (size_t)M * N * 2));
+    const int last = b.nsets - 1;  // the set whose vectors s, b' are
+    CK(baseline_layernorm(b.xn, b.x[last], b.gamma, b.beta, M, K, DTYPE_BF16, stream));
+    enqueue_fold_product(&b, last);
+    float *ref = fetch(b.y, (size_t)M * N, DTYPE_BF16);
+    const Timing tk = time_it(enqueue_fold_product, &b, b.nsets);
+    printf("fold %-9s %4d->%-4d M=%-3d | gemm_rows alone %6.2f us |", epi == MATMUL_LT_BIAS ? "bias" : "bias+gelu", K, N,
+           M, tk.graph_us);
+    const EnqueueFn fns[] = {enqueue_fold_ln, enqueue_fold};
+    const char *names[] = {"gemm_rows_ln", "gemm_rows_fold"};
+    for (int v = 0; v < 2; v++) {
+        CK(cudaMemsetAsync(b.y, 0xff, (size_t)M * N * 2, stream));
+        fns[v](&b, last);
+        float *out = fetch(b.y, (size_t)M * N, DTYPE_BF16);
+        const double e = rel_l2(out, ref, (size_t)M * N);
+        free(out);
+        if (!(e <= 1e-2)) {
+            printf(" %s INVALID (rel_l2 %.3g) |", names[v], e);
+            continue;
+        }
+        const Timing t = time_it(fns[v], &b, b.nsets);
+        printf(" %s %6.2f (%.2fx) |", names[v], t.graph_us, tk.graph_us / t.graph_us);
+    }
+    printf("\n");
+    fflush(stdout);
+    for (int i = 0; i < b.nsets; i++) cudaFree(b.x[i]), cudaFree(b.copy[i]), cudaFree(b.W[i]);
+    free(b.x), free(b.copy), free(b.W), free(ref);
+    free(hx), free(hw), free(hc), free(g), free(be), free(hb), free(hs), free(hb2);
+    cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.s), cudaFree(b.b2), cudaFree(b.c), cudaFree(b.bias);
+    cudaFree(b.mean), cudaFree(b.xn), cudaFree(b.y);
+}
+
+// The residual product with and without the copy for the next LayerNorm (timed only: the copy's
+// values are tests/test_fused_linear.c's).
+typedef struct {
+    RowsBench rows;
+    GemmRowsCopy copy;
+} CopyBench;
+
+static void enqueue_copy(void *p, int set) {
+    CopyBench *b = p;
+    CK(gemm_rows_residual_copy(b->rows.y, b->rows.N, b->rows.x[set], b->rows.W[set], b->rows.bias, b->rows.M,
+                               b->rows.N, b->rows.K, &b->copy, stream));
+}
+
+static void bench_copy(int K, int N, int M) {
+    CopyBench b = {{MATMUL_LT_BIAS_RESIDUAL, M, N, K, nsets_for((size_t)N * K * 2), 0, 0, NULL, NULL, NULL, NULL},
+                   {NULL, NULL, NULL}};
+    random_sets(b.rows.nsets, (size_t)N * K, (size_t)M * K, &b.rows.W, &b.rows.x);
+    float *h = xmalloc((N > M ? N : M) * 4);
+    for (int n = 0; n < N; n++) h[n] = 0.1f * frand();
+    b.rows.bias = upload_w(h, N, DTYPE_F32);
+    for (int n = 0; n < N; n++) h[n] = 1.0f + 0.2f * frand();
+    float *gamma = upload_w(h, N, DTYPE_F32);
+    for (int m = 0; m < M; m++) h[m] = frand();
+    float *shift = upload_w(h, M, DTYPE_F32);
+    CK(cudaMalloc(&b.rows.y, (size_t)M * N * 4));
+    CK(cudaMemset(b.rows.y, 0, (size_t)M * N * 4));
+    CK(cudaMalloc(&b.copy.copy, (size_t)M * N * 2));
+    b.copy.gamma = gamma, b.copy.shift = shift;
+    const Timing t0 = time_it(enqueue_rows, &b.rows, b.rows.nsets), t1 = time_it(enqueue_copy, &b, b.rows.nsets);
+    printf("copy bias+residual %4d->%-4d M=%-3d | gemm_rows %6.2f us | with the copy %6.2f us (+%.2f)\n", K, N, M,
+           t0.graph_us, t1.graph_us, t1.graph_us - t0.graph_us);
+    fflush(stdout);
+    free(h);
+    free_sets(b.rows.nsets, b.rows.W, b.rows.x);
+    cudaFree(b.rows.bias), cudaFree(b.rows.y), cudaFree(b.copy.copy), cudaFree(gamma), cudaFree(shift);
+}
+
 // The logits of GPT-2 124M (768 -> 50257, y's rows 50304 apart): the engine's route past 4 rows
 // before logits_rows (the LayerNorm kernel, then cuBLASLt over the padded width: wte's padding rows
 // are zero) against the LayerNorm kernel + logits_rows (the engine's route); each product alone, and
@@ -753,6 +886,20 @@ int main(int argc, char **argv) {
             bench_rows(MATMUL_LT_BIAS_GELU, 768, 3072, Mr[mi]);
             bench_rows(MATMUL_LT_BIAS_RESIDUAL, 3072, 768, Mr[mi]);
             bench_rows(MATMUL_LT_NONE, 768, 50304, Mr[mi]);  // the logits (wte padded to 64 rows)
+        }
+        return 0;
+    }
+    if (argc == 2 && !strcmp(argv[1], "--fold")) {  // GPT-2 124M's LayerNorms folded at batched-decode rows
+        if (!gemm_rows_fold_takes(64, 3072, 768)) {
+            printf("SKIP --fold: gemm_rows_fold needs an sm_90 device and an sm_90a build\n");
+            return 0;
+        }
+        const int Mf[] = {24, 32, 48, 64};
+        for (int mi = 0; mi < 4; mi++) {
+            bench_fold(MATMUL_LT_BIAS, 768, 2304, Mf[mi]);
+            bench_fold(MATMUL_LT_BIAS_GELU, 768, 3072, Mf[mi]);
+            bench_copy(768, 768, Mf[mi]);
+            bench_copy(3072, 768, Mf[mi]);
         }
         return 0;
     }

@@ -1,6 +1,7 @@
 // Tests of the fused linear kernels (issue 5) against fp64 host references on fresh random data
 // every run (the seed is printed): kernels/fused_ln_linear.h (LayerNorm + Linear + GELU, plain
-// and QKV-into-cache outputs, strided rows) and kernels/linear_residual.h.
+// and QKV-into-cache outputs, strided rows), kernels/linear_residual.h, and gemm_rows.h's LayerNorm
+// fold (run_fold_case).
 //
 // Every kernel path (GEMV, tensor-core and cluster GEMVs (bf16), tiled XS / S / L, auto) on
 // awkward shapes (K = 96, 97, 100, 768; N = 77, 300; M = 1, 3, 17, 130), both dtypes, and three
@@ -443,6 +444,163 @@ static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big
     cudaFree(dx), cudaFree(dW), cudaFree(db), cudaFree(dr);
 }
 
+// ----------------------------------------------------------------------------
+// The LayerNorm fold (gemm_rows.h): a residual product writing the copy, then the folded product
+
+// The residual product y = x0 + a Wp^T + bp (a: M x Kp, Wp: K x Kp) writing copy = gamma (y - c),
+// then gemm_rows_fold of the LayerNorm of y into W (N x K). shift: c = each row's mean of x0 (the
+// engine's c: the mean measured before the residual add), else none (0). graph: the two calls
+// captured in a CUDA graph (their PDL chain as the engine's decode graphs run it). Checked:
+//   y        against fp64 (the residual add's rounding allowed, as run_res_case)
+//   copy     bit for bit against bf16(gamma (y - c)) of the y the kernel wrote
+//   means    against fp64 means of that y: |err| <= 1e-5 rms(row)
+//   output   against the fold in fp64 from the kernel's copy and y (the kernel check: 1e-3 plus an
+//            output ulp), and against LayerNorm(y) W^T + b exactly (1e-2, the copy's rounding)
+// Outputs and the means past M poisoned first; every element must be written, nothing past M.
+static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data, int shift, int graph) {
+    char name[200];
+    snprintf(name, sizeof name, "ln fold M=%d %d->%d then %d->%d %s %s%s%s", M, Kp, K, K, N,
+             act == ACT_GELU ? "gelu" : "bias", data_name[data], shift ? " shifted" : "", graph ? " graph" : "");
+    float *x0 = xmalloc((size_t)M * K * sizeof(float)), *a = xmalloc((size_t)M * Kp * sizeof(float));
+    float *Wp = xmalloc((size_t)K * Kp * sizeof(float)), *bp = xmalloc(K * sizeof(float));
+    float *W = xmalloc((size_t)N * K * sizeof(float)), *bias = xmalloc(N * sizeof(float));
+    float *gamma = xmalloc(K * sizeof(float)), *beta = xmalloc(K * sizeof(float)), *c = xcalloc(M, sizeof(float));
+    fill_x(x0, M, K, data);
+    for (size_t i = 0; i < (size_t)M * Kp; i++) a[i] = (float)rng_normal();
+    for (size_t i = 0; i < (size_t)K * Kp; i++) Wp[i] = (float)(rng_normal() / sqrt((double)Kp));
+    for (size_t i = 0; i < (size_t)N * K; i++) W[i] = (float)(rng_normal() / sqrt((double)K));
+    for (int k = 0; k < K; k++) {
+        bp[k] = (float)(0.1 * rng_normal());
+        gamma[k] = (float)(1.0 + 0.2 * rng_normal()), beta[k] = (float)(0.1 * rng_normal());
+    }
+    for (int n = 0; n < N; n++) bias[n] = (float)(0.1 * rng_normal());
+    for (int m = 0; m < M && shift; m++) {
+        double sum = 0;
+        for (int k = 0; k < K; k++) sum += x0[(size_t)m * K + k];
+        c[m] = (float)(sum / K);
+    }
+    void *da = upload_matrix(a, (size_t)M * Kp, DTYPE_BF16), *dWp = upload_matrix(Wp, (size_t)K * Kp, DTYPE_BF16);
+    void *dW = upload_matrix(W, (size_t)N * K, DTYPE_BF16);
+    float *s = xmalloc(N * sizeof(float)), *b2 = xmalloc(N * sizeof(float));  // ln_fold.cu's, from the rounded W
+    for (int n = 0; n < N; n++) {
+        double ss = 0, bb = 0;
+        for (int k = 0; k < K; k++) ss += (double)W[(size_t)n * K + k] * gamma[k], bb += (double)W[(size_t)n * K + k] * beta[k];
+        s[n] = (float)ss, b2[n] = (float)(bb + bias[n]);
+    }
+    float *dy = dev_upload(x0, (size_t)M * K * 4), *dbp = dev_upload(bp, K * 4), *dg = dev_upload(gamma, K * 4);
+    float *dc = dev_upload(c, M * 4), *ds = dev_upload(s, N * 4), *db = dev_upload(b2, N * 4);
+    void *dcopy = dev_upload(NULL, (size_t)M * K * 2), *dout = dev_upload(NULL, (size_t)M * N * 2);
+    float *dmean = dev_upload(NULL, (M + 8) * 4);
+    cuda_ok(cudaMemset(dcopy, 0xff, (size_t)M * K * 2), "poison");
+    cuda_ok(cudaMemset(dout, 0xff, (size_t)M * N * 2), "poison");
+    cuda_ok(cudaMemset(dmean, 0xff, (M + 8) * 4), "poison");
+
+    cudaStream_t stream;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    const GemmRowsCopy copy = {dcopy, dg, shift ? dc : NULL};
+    const GemmRowsFold in = {dy, K, dcopy, shift ? dc : NULL, dmean};
+    const MatmulLtEpilogue epi = act == ACT_GELU ? MATMUL_LT_BIAS_GELU : MATMUL_LT_BIAS;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (graph) cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+    const cudaError_t e1 = gemm_rows_residual_copy(dy, K, da, dWp, dbp, M, K, Kp, &copy, stream);
+    const cudaError_t e2 = gemm_rows_fold(epi, dout, N, &in, dW, ds, db, M, N, K, stream);
+    if (graph) {
+        cuda_ok(cudaStreamEndCapture(stream, &g), "end capture");
+        if (g && cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate")) cuda_ok(cudaGraphLaunch(ge, stream), "launch");
+    }
+    cuda_ok(cudaStreamSynchronize(stream), name);
+    float *y = download(dy, (size_t)M * K, DTYPE_F32), *cp = download(dcopy, (size_t)M * K, DTYPE_BF16);
+    float *out = download(dout, (size_t)M * N, DTYPE_BF16), *mean = download(dmean, M + 8, DTYPE_F32);
+
+    // The residual product, as run_res_case: the added part against fp64.
+    double *ref_y = xcalloc((size_t)M * K, sizeof(double));
+    float *delta = xcalloc((size_t)M * K, sizeof(float));
+    double rr = 0, rd = 0;
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) {
+            double acc = bp[k];
+            for (int j = 0; j < Kp; j++) acc += (double)a[(size_t)m * Kp + j] * Wp[(size_t)k * Kp + j];
+            ref_y[(size_t)m * K + k] = acc;
+            delta[(size_t)m * K + k] = (float)((double)y[(size_t)m * K + k] - x0[(size_t)m * K + k]);
+            rr += (double)x0[(size_t)m * K + k] * x0[(size_t)m * K + k], rd += acc * acc;
+        }
+    const Cmp cy = compare(delta, ref_y, (size_t)M * K);
+    const double tol_y = 1e-4 + 1.2e-7 * sqrt(rr / (rd > 0 ? rd : 1));
+    // The copy bit for bit, the means, then the folded product from them.
+    long long copy_bad = 0, mean_bad = 0;
+    for (size_t i = 0; i < (size_t)M * K; i++) {
+        const int m = (int)(i / K), k = (int)(i % K);
+        copy_bad += !(cp[i] == round_bf16((y[i] - c[m]) * gamma[k]));
+    }
+    for (int m = 0; m < M + 8; m++) {
+        if (m >= M) {
+            mean_bad += !isnan(mean[m]);
+            continue;
+        }
+        double mu = 0, sq = 0;
+        for (int k = 0; k < K; k++) mu += y[(size_t)m * K + k], sq += (double)y[(size_t)m * K + k] * y[(size_t)m * K + k];
+        mu /= K;
+        mean_bad += !(fabs(mean[m] - mu) <= 1e-5 * sqrt(sq / K));
+    }
+    double *ref = xmalloc((size_t)M * N * sizeof(double)), *ref_exact = xmalloc((size_t)M * N * sizeof(double));
+    for (int m = 0; m < M; m++) {
+        const float *row = y + (size_t)m * K, *crow = cp + (size_t)m * K;
+        double mu = 0, var = 0;
+        for (int k = 0; k < K; k++) mu += row[k];
+        mu /= K;
+        for (int k = 0; k < K; k++) var += (row[k] - mu) * (row[k] - mu);
+        const double rstd = 1.0 / sqrt(var / K + 1e-5);
+        for (int n = 0; n < N; n++) {
+            const float *w = W + (size_t)n * K;
+            double e1 = bias[n], e2 = 0;
+            for (int k = 0; k < K; k++) e1 += w[k] * ((row[k] - mu) * rstd * gamma[k] + beta[k]), e2 += w[k] * (double)crow[k];
+            e2 = rstd * (e2 - (mu - c[m]) * s[n]) + b2[n];
+            if (act == ACT_GELU) e1 = gelu_ref(e1), e2 = gelu_ref(e2);
+            ref_exact[(size_t)m * N + n] = round_bf16((float)e1);
+            ref[(size_t)m * N + n] = round_bf16((float)e2);
+        }
+    }
+    const Cmp ck = compare(out, ref, (size_t)M * N), ce = compare(out, ref_exact, (size_t)M * N);
+    const double tol = 1e-3 + 0.00390625;
+    CHECK(e1 == cudaSuccess && e2 == cudaSuccess && (!graph || ge) && cy.unwritten == 0 && cy.rel_l2 <= tol_y &&
+              cy.max_rel <= 50 * tol_y && copy_bad == 0 && mean_bad == 0 && ck.unwritten == 0 && ck.rel_l2 <= tol &&
+              ck.max_rel <= 50 * tol && ce.rel_l2 <= 1e-2,
+          name,
+          "rc %d %d; y rel_l2 %.3g (tol %.2g); copy %lld wrong; means %lld wrong; out unwritten %lld rel_l2 %.3g "
+          "(tol %.2g) max_rel %.3g exact_rel_l2 %.3g (tol 1e-2)",
+          (int)e1, (int)e2, cy.rel_l2, tol_y, copy_bad, mean_bad, ck.unwritten, ck.rel_l2, tol, ck.max_rel, ce.rel_l2);
+    if (getenv("GPT2_TEST_VERBOSE")) printf("  %s: rel_l2 %.3g exact %.3g\n", name, ck.rel_l2, ce.rel_l2);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(stream);
+    free(x0), free(a), free(Wp), free(bp), free(W), free(bias), free(gamma), free(beta), free(c), free(s), free(b2);
+    free(y), free(cp), free(out), free(mean), free(ref_y), free(ref), free(delta), free(ref_exact);
+    cudaFree(da), cudaFree(dWp), cudaFree(dW), cudaFree(dy), cudaFree(dbp), cudaFree(dg), cudaFree(dc), cudaFree(ds);
+    cudaFree(db), cudaFree(dcopy), cudaFree(dout), cudaFree(dmean);
+}
+
+// What the fold refuses: its c and its means in one buffer (blocks would read the c that block 0 of
+// the columns overwrites), an epilogue other than bias (+ GELU), no copy; past 64 rows or K = 1024.
+static void test_fold_refuses(void) {
+    float *d = dev_upload(NULL, 1 << 20);
+    const GemmRowsFold same = {d, 768, d, d + 4096, d + 4096}, ok = {d, 768, d, d + 4096, d + 8192};
+    const GemmRowsFold wide = {d, 1088, d, d + 4096, d + 8192};
+    const GemmRowsCopy none = {NULL, d, NULL};
+    const cudaError_t e[] = {
+        gemm_rows_fold(MATMUL_LT_BIAS, d, 2304, &same, d, d, d, 32, 2304, 768, 0),
+        gemm_rows_fold(MATMUL_LT_BIAS_RESIDUAL, d, 2304, &ok, d, d, d, 32, 2304, 768, 0),
+        gemm_rows_residual_copy(d, 768, d, d, d, 32, 768, 768, &none, 0),
+        gemm_rows_fold(MATMUL_LT_BIAS, d, 64, &ok, d, d, d, 65, 64, 768, 0),
+        gemm_rows_fold(MATMUL_LT_BIAS, d, 64, &wide, d, d, d, 32, 64, 1088, 0),
+    };
+    CHECK(e[0] == cudaErrorInvalidValue && e[1] == cudaErrorInvalidValue && e[2] == cudaErrorInvalidValue &&
+              e[3] == cudaErrorNotSupported && e[4] == cudaErrorNotSupported && !gemm_rows_fold_takes(65, 64, 768) &&
+              !gemm_rows_fold_takes(32, 64, 1088) && gemm_rows_fold_takes(64, 3072, 768),
+          "ln fold refuses what it cannot run", "got %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4]);
+    cudaFree(d);
+}
+
 // Bad arguments come back as cudaErrorInvalidValue, nothing launched.
 static void test_bad_args(void) {
     float *d = dev_upload(NULL, 4096);
@@ -631,6 +789,25 @@ int main(void) {
             }
     } else {
         test_skip("fused linear, rows path", "gemm_rows_ln needs an sm_90 device and an sm_90a build");
+    }
+    // The LayerNorm fold (Hopper): GPT-2 124M's attention projection into fc and its MLP projection (K
+    // split over a cluster) into qkv at 64 and 33 rows (odd: two row tiles, the second part empty);
+    // 355M's width (K = 1024) at 17 rows; a partial column block in a padded cluster (N = 130) at 5
+    // rows; rows of one k slice (K = 64: lanes past the row). Offset rows (mean 100) with c and
+    // outlier channels; c = 0 on rows of mean ~0.3 (layer 0's copy); one chain in a CUDA graph.
+    if (gemm_rows_fold_takes(64, 3072, 768)) {
+        const int fshapes[][8] = {{64, 768, 768, 3072, ACT_GELU, DATA_OUTLIER, 1, 0},
+                                  {33, 3072, 768, 2304, ACT_NONE, DATA_OFFSET, 1, 1},
+                                  {17, 1024, 1024, 4096, ACT_GELU, DATA_NORMAL, 0, 0},
+                                  {5, 192, 128, 130, ACT_NONE, DATA_OFFSET, 1, 0},
+                                  {40, 64, 64, 200, ACT_GELU, DATA_NORMAL, 0, 1},
+                                  {64, 3072, 768, 2304, ACT_NONE, DATA_NORMAL, 0, 1}};
+        for (int si = small ? 3 : 0; si < 6; si++)
+            run_fold_case(fshapes[si][0], fshapes[si][1], fshapes[si][2], fshapes[si][3], (Activation)fshapes[si][4],
+                          fshapes[si][5], fshapes[si][6], fshapes[si][7]);
+        test_fold_refuses();
+    } else {
+        test_skip("ln fold", "gemm_rows_fold needs an sm_90 device and an sm_90a build");
     }
     // The fp32 rows kernel: GPT-2 124M's qkv and fc at 2, 16 and 64 rows and 355M's fc (K = 1024) at 32
     // and 33; each launch's tile of rows (16, 32, 64) with each block width (32, 24: on 132 SMs,
