@@ -3,7 +3,7 @@
 // A operand, K split over a cluster's blocks where the tile does not fit. gemm_rows_ln: x's rows
 // fp32, normalised by the blocks themselves into the same x tiles (LayerNorm + Linear in one kernel),
 // shared over a cluster along the columns. gemm_rows_fold: x's tiles are the residual product's bf16
-// copy (TMA, as gemm_rows), the rows' statistics merged from that product's partial sums.
+// copy (TMA, as gemm_rows), and the second warpgroup takes the fp32 rows' statistics for the epilogue.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
@@ -15,8 +15,9 @@
 //            all the block's slices (tma.cuh's tensor_map_slices), which lands x sooner than a copy
 //            a slice with the MMAs started as each landed (docs/PERF.md, "Session 25"); gemm_rows_ln
 //            in a cluster counts its rows on x's instead (its threads' arrivals and the other
-//            blocks' st_async bytes); a K split's inbox has a third, counted the same way
-//   stats    gemm_rows_fold: (mean - c, rstd) of the tile's RB rows
+//            blocks' st_async bytes); a K split's inbox has a third, counted the same way, and
+//            gemm_rows_fold's statistics take that third slot (it never splits K)
+//   stats    gemm_rows_fold: (mean, rstd) of the tile's RB rows
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,13 +44,9 @@ constexpr int PSTR = BF + 4;    // a row of the inbox: 64 partial sums, padded a
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
 
-// The columns of one partial sum of the fold's copy (gemm_rows.h): a warp's 16 columns, or with K
-// split over ks blocks the 64 / ks that a block finishes, 16 at most.
-constexpr int fold_group(int ks) { return ks > 4 ? BF / ks : 16; }
-
 // Where x's tiles come from: bf16 x by TMA (gemm_rows), fp32 x normalised by the block
-// (gemm_rows_ln), or the residual product's bf16 copy by TMA, its rows' statistics from that
-// product's partial sums (gemm_rows_fold).
+// (gemm_rows_ln), or the residual product's bf16 copy by TMA with the fp32 rows' statistics beside
+// the MMAs (gemm_rows_fold).
 enum Src { SRC_X, SRC_LN, SRC_FOLD };
 
 // Shared memory of a block for K over ks blocks and RB rows, the alignment slack included.
@@ -62,9 +59,7 @@ constexpr size_t smem_bytes(int K, int rb, int ks, int src = SRC_X) {
 // Where the epilogue writes (matmul_lt.h's table): y [M, N] rows ldy apart, bias [N] of y's type
 // (gemm_rows_ln and gemm_rows_fold: fp32, the folded b' = W beta + b, or NULL). The LayerNorm fold
 // (gemm_rows.h): the residual product's copy of its new rows, bf16 copy_gamma (y - shift) [M, N]
-// (NULL: none), and its partial sums (sum d, sum d^2), d = y - shift, over each group of columns
-// into parts [M][nparts]; gemm_rows_fold's fold_s = W gamma [N], its copy's shift and parts, and
-// where the rows' means go.
+// (NULL: none); gemm_rows_fold's fold_s = W gamma [N], its copy's shift, and where the rows' means go.
 struct Out {
     void *y;
     long long ldy;
@@ -72,8 +67,6 @@ struct Out {
     bf16 *copy;
     const float *copy_gamma;
     const float *shift;  // [M], or NULL: 0
-    float2 *parts;       // the residual product writes them, gemm_rows_fold reads them
-    int nparts;
     const float *fold_s;
     float *mean_out;     // [M], or NULL
 };
@@ -96,7 +89,8 @@ constexpr int LN_THREADS = 2 * THREADS;  // gemm_rows_ln's block: two warpgroups
 constexpr int LN_WARPS = LN_THREADS / 32;
 
 // ----------------------------------------------------------------------------
-// Rows of fp32 x in registers and their statistics (gemm_rows_ln's staging): a warp holds RR whole rows, lane's float4 i of a row at k = 4 (32 i + lane), VPL of
+// Rows of fp32 x in registers and their statistics (gemm_rows_ln's staging, gemm_rows_fold's
+// statistics): a warp holds RR whole rows, lane's float4 i of a row at k = 4 (32 i + lane), VPL of
 // them, so one L2 round trip brings all RR; lanes past the row and rows past M hold zeros.
 
 template <int RR, int VPL>
@@ -204,6 +198,41 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 }
 
 // ----------------------------------------------------------------------------
+// gemm_rows_fold's statistics: (mean, rstd) of the tile's RB rows into every block's stats[]
+//
+// The second warpgroup's 4 warps, while the first multiplies. In a cluster of CN blocks along the
+// columns block q takes rows q RB / CN.. (a warp RB / CN / 4 of them, or one) and hands each row's
+// pair to all CN blocks: its own by a plain store, the others by st_async counted on their st_full,
+// as gemm_rows_ln shares its staged rows. The loads go out before the wait for every block of the
+// cluster to have started (a remote store needs that), so the wait hides behind them (docs/PERF.md,
+// "Session 49": issued after it, the statistics sat longer on the path).
+template <int RB, int VPL, int CN>
+__device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, const LnIn &in, int r0, int M, int K,
+                                           int rank, int w, int lane) {
+    constexpr int RBB = RB / CN, RPW = RBB >= 4 ? RBB / 4 : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
+    if (w * RPW >= RBB) {
+        if (CN > 1) cluster_wait();
+        return;
+    }
+#pragma unroll 1
+    for (int rr = 0; rr < RPW; rr += RR) {
+        float4 v[RR][VPL];
+        load_rows<RR, VPL>(v, in, r0 + rank * RBB + w * RPW + rr, M, K, lane);
+        float mean[RR], rstd[RR];
+        row_stats<RR, VPL>(v, mean, rstd, K, lane);
+        if (CN > 1 && rr == 0) cluster_wait();  // every block has started
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            const int t = rank * RBB + w * RPW + rr + j;  // the tile's row
+            if (lane == rank) stats[t] = make_float2(mean[j], rstd[j]);
+            else if (lane < CN)
+                st_async(cluster_map(&stats[t], lane), make_uint2(__float_as_uint(mean[j]), __float_as_uint(rstd[j])),
+                         cluster_map(st_full, lane));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // The kernel
 //
 // Blocks KS bx .. KS bx + KS - 1 (one cluster) own columns f0 = 64 bx.. and rows r0 = RB by.., and
@@ -224,19 +253,15 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
 // picked at run time, every product ran 0.4-1.7 us slower (docs/PERF.md, "Session 22").
 //
-// The LayerNorm fold (gemm_rows.h). The residual epilogue with out.copy also stores bf16 gamma' (y - c)
-// after y's stores, and each row's partial sums (sum d, sum d^2), d = y - c, over groups of GW columns
-// (fold_group): a warp's 16 columns, or with K split the 16 or 8 that lanes of a block finish,
-// reduced by shuffles in a fixed order; c is read with the residual (a load issued after the stores
-// waited for them: docs/PERF.md, "Session 49"). gemm_rows_fold (SRC_FOLD) multiplies the copy's
-// tiles as gemm_rows multiplies x; each warp loads the partial sums of RB / 4 rows right after the
-// wait (they land while the MMAs run), merges them, and the epilogue finishes
-// y = rstd (acc - (mean - c) s) + b', block 0 of the columns writing the means. The statistics are
-// one-pass around c: var = E[d^2] - E[d]^2 loses ~|mean - c|^2 / var of fp32's precision, and c is
-// the row's mean one sub-block earlier.
+// gemm_rows_fold (SRC_FOLD): the first warpgroup multiplies the copy's tiles as gemm_rows does; the
+// second takes the statistics (fold_stats) and leaves; the epilogue waits for them on st_full and
+// finishes y = rstd (acc - (mean - c) s) + b' (gemm_rows.h), block 0 of the columns writing the
+// means. The residual epilogue with out.copy also stores bf16 gamma' (y - c), after y's stores; its
+// c is read with the residual (a load issued after the stores waited for them: docs/PERF.md,
+// "Session 49").
 
 template <int RB, int EPI, int KS, int SRC, int VPL = 1, int CN = 1>
-__global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
+__global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     rows_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln, Out out,
                 int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
@@ -247,7 +272,7 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
     constexpr bool split = KS > 1;
     static_assert(SRC == SRC_X || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)),
                   "gemm_rows_ln's and gemm_rows_fold's cases");
-    static_assert(CN == 1 || LN, "a cluster along the columns shares gemm_rows_ln's staging only");
+    static_assert(CN == 1 || SRC != SRC_X, "a cluster along the columns shares gemm_rows_ln's staging only");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
     extern __shared__ unsigned char smem_raw[];
@@ -258,6 +283,7 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
     float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
     uint64_t *w_full = reinterpret_cast<uint64_t *>(inbox + (split ? RB * PSTR : 0)), *x_full = w_full + 1;
     uint64_t *in_full = w_full + 2;  // K split: the inbox's values, the other ranks' by their bytes
+    uint64_t *st_full = w_full + 2;  // gemm_rows_fold (K whole): the statistics, the other ranks' by their bytes
     float2 *stats = reinterpret_cast<float2 *>(w_full + 3);  // gemm_rows_fold: [RB]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int f0 = blockIdx.x / KS * BF, r0 = blockIdx.y * RB;
@@ -272,6 +298,7 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
         mbar_init(w_full, 1);
         mbar_init(x_full, LN && CN > 1 ? LN_THREADS : 1);
         if (split) mbar_init(in_full, THREADS);
+        if (FOLD) mbar_init(st_full, 1 + THREADS);  // thread 0's expect, the second warpgroup's arrivals
         mbar_fence_init();
         tma_prefetch_map(&w_map);
         if (!LN) tma_prefetch_map(&x_map);
@@ -326,33 +353,32 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
         if (warp >= THREADS / 32) return;
         mbar_wait_cluster(x_full, 0);
         fence_proxy_async_smem();  // the generic proxy's stores (st_async's too), before the wgmmas read them
-    } else if (tid == 0) {
-        mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
-        if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
+    } else {
+        if (tid == 0) {
+            mbar_arrive_expect_tx(x_full, slices ? per * RB * BK * 2 : 0);
+            if (slices) tma_load_slices(x_tiles, &x_map, s0, r0, x_full);
+            // The other ranks' statistics, RB / CN rows of them, by their bytes.
+            if (FOLD) mbar_arrive_expect_tx(st_full, (CN - 1) * (RB / CN) * (uint32_t)sizeof(float2));
+        }
+        if constexpr (FOLD) {
+            if (warp >= THREADS / 32) {  // the second warpgroup: the statistics, then it leaves
+                fold_stats<RB, VPL, CN>(stats, st_full, ln, r0, M, K, (int)(blockIdx.x % CN), warp - THREADS / 32,
+                                        lane);
+                mbar_arrive(st_full);
+                return;
+            }
+            if constexpr (CN > 1) cluster_wait();  // the "started" phase, as every thread of the cluster
+        }
     }
-    // The residual's old values and the copy's shifts c, read while x lands (after the wait: earlier
+    // The residual's old values and the rows' shifts c, read while x lands (after the wait: earlier
     // kernels of the step write them).
-    const bool shifted = residual && out.copy && out.shift;
+    const bool shifted = (FOLD || (residual && out.copy)) && out.shift;
     float res[NV], row_c[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
         const int t = row_of(i), f = col_of(i);
         res[i] = residual && t < M && f < N ? static_cast<const float *>(out.y)[t * out.ldy + f] : 0.0f;
         row_c[i] = shifted && t < M ? out.shift[t] : 0.0f;
-    }
-    // gemm_rows_fold: the partial sums of this warp's FR rows of the tile (lane's parts lane, lane + 32,
-    // ...: at most 128 a row) and their shifts.
-    constexpr int FR = FOLD ? RB / 4 : 1, FQ = FOLD ? 4 : 1;
-    float2 part[FR][FQ];
-    float fold_c[FR];
-#pragma unroll
-    for (int r = 0; r < FR; r++) {
-        const int t = r0 + warp * FR + r;
-        fold_c[r] = FOLD && out.shift && t < M ? out.shift[t] : 0.0f;
-#pragma unroll
-        for (int q = 0; q < FQ; q++)
-            part[r][q] = FOLD && t < M && 32 * q + lane < out.nparts ? out.parts[(long long)t * out.nparts + 32 * q + lane]
-                                                                 : make_float2(0.0f, 0.0f);
     }
 
     float acc[J][4];
@@ -389,37 +415,7 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
         else mbar_arrive(in_full);
         mbar_wait_cluster(in_full, 0);
     }
-    if constexpr (FOLD) {  // the rows' statistics: (mean - c, rstd) into stats[], the means to mean_out
-        // Every row's sums first, their shuffles interleaved, then the stores: with a store (a
-        // branch) inside each row's chain, the eight chains ran one after another, ~2 us.
-        float sd[FR], sdd[FR];
-#pragma unroll
-        for (int r = 0; r < FR; r++) {
-            sd[r] = sdd[r] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < FQ; q++) sd[r] += part[r][q].x, sdd[r] += part[r][q].y;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2)
-#pragma unroll
-            for (int r = 0; r < FR; r++)
-                sd[r] += __shfl_xor_sync(0xffffffffu, sd[r], o), sdd[r] += __shfl_xor_sync(0xffffffffu, sdd[r], o);
-        const float inv_k = 1.0f / K;
-        float2 st[FR];
-#pragma unroll
-        for (int r = 0; r < FR; r++) {
-            const float d = sd[r] * inv_k;
-            st[r] = make_float2(d, rsqrtf(fmaxf(sdd[r] * inv_k - d * d, 0.0f) + LN_EPS));
-        }
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < FR; r++) stats[warp * FR + r] = st[r];
-        if (lane == 0 && out.mean_out && blockIdx.x == 0)
-#pragma unroll
-            for (int r = 0; r < FR; r++)
-                if (r0 + warp * FR + r < M) out.mean_out[r0 + warp * FR + r] = fold_c[r] + st[r].x;
-        __syncthreads();
-    }
+    if constexpr (FOLD) mbar_wait_cluster(st_full, 0);  // every row's statistics
     trace_mark(TRACE_PHASE + 3);  // the epilogue starts (K split: the partial sums have arrived)
     // Every value first, then the stores: with each value's chain inside its own bounds check, the
     // chains ran one after another (a GELU's ~150 cycles each, ~1.2 us for 16 values a thread with
@@ -438,7 +434,7 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
         }
         if constexpr (FOLD) {  // W (gamma (x - mean)) = W copy - (mean - c) s, times rstd
             const float2 st = stats[t - r0];
-            v[i] = st.y * (v[i] - st.x * fold_s[h]);
+            v[i] = st.y * (v[i] - (st.x - row_c[i]) * fold_s[h]);
         }
         v[i] += bias[h];
         if (EPI == MATMUL_LT_BIAS_GELU) v[i] = gelu_tanh(v[i]);
@@ -449,39 +445,13 @@ __global__ void __launch_bounds__(SRC == SRC_LN ? LN_THREADS : THREADS, 1)
         const int t = row_of(i), f = col_of(i);
         if (t < M && f < N) static_cast<YT *>(out.y)[t * out.ldy + f] = from_f32<YT>(v[i]);
     }
-    if (residual && out.copy) {  // the next LayerNorm's copy of the new rows, N apart, and its partial sums
-        float d[NV];
+    if (residual && out.copy)  // the next LayerNorm's copy of the new rows, N apart
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const int t = row_of(i), f = col_of(i);
-            d[i] = t < M && f < N ? v[i] - row_c[i] : 0.0f;
-            if (t < M && f < N) out.copy[t * N + f] = __float2bfloat16(d[i] * copy_gamma[split ? 0 : (i >> 1) & 1]);
+            if (t < M && f < N) out.copy[t * N + f] = __float2bfloat16((v[i] - row_c[i]) * copy_gamma[split ? 0 : (i >> 1) & 1]);
         }
-        // Each row's sums over its group: every sum first, the shuffles interleaved, then the stores
-        // (as the statistics in gemm_rows_fold's epilogue). Without a K split a row's 16 columns of
-        // this warp are its 8 lanes of one lane % 4, values i and i + 2 each (PS = NV / 2 sums);
-        // with it, GW consecutive threads finish GW consecutive columns of one row (PS = NV).
-        constexpr int GW = fold_group(KS), PS = split ? NV : NV / 2;
-        float sd[PS], sdd[PS];
-#pragma unroll
-        for (int p = 0; p < PS; p++) {
-            const int i = split ? p : p / 2 * 4 + p % 2;
-            sd[p] = d[i] + (split ? 0.0f : d[i + 2]);
-            sdd[p] = d[i] * d[i] + (split ? 0.0f : d[i + 2] * d[i + 2]);
-        }
-#pragma unroll
-        for (int o = split ? 1 : 4; o < (split ? GW : 32); o *= 2)
-#pragma unroll
-            for (int p = 0; p < PS; p++)
-                sd[p] += __shfl_xor_sync(0xffffffffu, sd[p], o), sdd[p] += __shfl_xor_sync(0xffffffffu, sdd[p], o);
-        if (split ? tid % GW == 0 : lane < 4)
-#pragma unroll
-            for (int p = 0; p < PS; p++) {
-                const int i = split ? p : p / 2 * 4 + p % 2, t = row_of(i);
-                const int g = split ? col_of(i) / GW : f0 / GW + warp;
-                if (t < M && g < out.nparts) out.parts[(long long)t * out.nparts + g] = make_float2(sd[p], sdd[p]);
-            }
-    }
+    if (FOLD && out.mean_out && blockIdx.x == 0 && tid < RB && r0 + tid < M) out.mean_out[r0 + tid] = stats[tid].x;
 }
 
 // ----------------------------------------------------------------------------
@@ -511,7 +481,7 @@ cudaError_t launch(const Out &out, const void *x, const LnIn &ln, const void *W,
     const cudaError_t e = allow<RB, EPI, KS, SRC, VPL, CN>(smem);
     if (e != cudaSuccess) return e;
     const dim3 grid(((N + BF - 1) / BF + CN - 1) / CN * CN * KS, (M + RB - 1) / RB);
-    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, SRC, VPL, CN>, grid, dim3(SRC == SRC_LN ? LN_THREADS : THREADS),
+    return launch_pdl_cluster(rows_kernel<RB, EPI, KS, SRC, VPL, CN>, grid, dim3(SRC != SRC_X ? LN_THREADS : THREADS),
                               smem, KS * CN, stream, x_map, w_map, ln, out, M, N, K);
 }
 
@@ -661,9 +631,46 @@ cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int
     }
 }
 
-// gemm_rows_fold's rows a block: 32 (64 lost 14-25% at 64 rows in session 49's probe, which took the
-// statistics in the block; docs/PERF.md, "Session 49").
+// gemm_rows_fold's tile and cluster: 32 rows a block (64 lost 14-25% at 64 rows), and clusters of 8
+// blocks along the columns where the grid's all fit on the device at once, else of 4, else it does
+// not take the product. On an H200 at decode B = 64 (124M), against the LayerNorm kernel and
+// gemm_rows: 8 +4.5% (B = 32 +6.8%), 4 +1.8-4%, 2 and 1 lost (docs/PERF.md, "Session 49": a block's
+// statistics are RB / CN rows, each read from L2 once per CN column blocks). The cluster is asked
+// of the GELU instantiation for both epilogues (the same shared memory and threads).
 constexpr int FOLD_ROWS = 32;
+
+bool fold_fits(int K) { return smem_bytes(K, FOLD_ROWS, 1, SRC_FOLD) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0); }
+
+template <int VPL> int fold_cluster_vpl(int M, int N, int K) {
+    if (clusters_fit<FOLD_ROWS, MATMUL_LT_BIAS_GELU, SRC_FOLD, VPL, 8>(M, N, K)) return 8;
+    if (clusters_fit<FOLD_ROWS, MATMUL_LT_BIAS_GELU, SRC_FOLD, VPL, 4>(M, N, K)) return 4;
+    return 0;
+}
+
+int fold_cluster(int M, int N, int K) {
+    switch (ln_vpl(K)) {
+    case 2: return fold_cluster_vpl<2>(M, N, K);
+    case 6: return fold_cluster_vpl<6>(M, N, K);
+    default: return fold_cluster_vpl<8>(M, N, K);
+    }
+}
+
+template <int EPI, int VPL>
+cudaError_t launch_fold_vpl(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N,
+                            int K, cudaStream_t stream) {
+    return cn == 8 ? launch<FOLD_ROWS, EPI, 1, SRC_FOLD, VPL, 8>(out, copy, x, W, M, N, K, stream)
+                   : launch<FOLD_ROWS, EPI, 1, SRC_FOLD, VPL, 4>(out, copy, x, W, M, N, K, stream);
+}
+
+template <int EPI>
+cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N, int K,
+                        cudaStream_t stream) {
+    switch (ln_vpl(K)) {
+    case 2: return launch_fold_vpl<EPI, 2>(cn, out, copy, x, W, M, N, K, stream);
+    case 6: return launch_fold_vpl<EPI, 6>(cn, out, copy, x, W, M, N, K, stream);
+    default: return launch_fold_vpl<EPI, 8>(cn, out, copy, x, W, M, N, K, stream);
+    }
+}
 
 }  // namespace
 
@@ -710,10 +717,7 @@ static cudaError_t run_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, c
     if (M == 0) return cudaSuccess;
     Out out = {};
     out.y = y, out.ldy = ldy, out.bias = bias;
-    if (copy) {
-        out.copy = static_cast<bf16 *>(copy->copy), out.copy_gamma = copy->gamma, out.shift = copy->shift;
-        out.parts = reinterpret_cast<float2 *>(copy->parts), out.nparts = (N + fold_group(ks) - 1) / fold_group(ks);
-    }
+    if (copy) out.copy = static_cast<bf16 *>(copy->copy), out.copy_gamma = copy->gamma, out.shift = copy->shift;
     switch (epilogue) {
     case MATMUL_LT_NONE: return launch_rows<MATMUL_LT_NONE>(rb, ks, out, x, W, M, N, K, stream);
     case MATMUL_LT_BIAS: return launch_rows<MATMUL_LT_BIAS>(rb, ks, out, x, W, M, N, K, stream);
@@ -757,38 +761,31 @@ extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long lon
 // ----------------------------------------------------------------------------
 // The LayerNorm fold (gemm_rows.h)
 
-extern "C" int gemm_rows_copy_parts(int M, int N, int K) {
-    if (!gemm_rows_available() || M < 0 || N <= 0 || K <= 0 || K % BK) return 0;
-    const int g = fold_group(pick_split(K, pick_rows(M, N, K)));
-    return (N + g - 1) / g;
-}
-
 extern "C" cudaError_t gemm_rows_residual_copy(float *y, long long ldy, const void *x, const void *W, const void *bias,
                                                int M, int N, int K, const GemmRowsCopy *copy, cudaStream_t stream) {
-    if (!copy || !copy->copy || !copy->gamma || !copy->parts || (uintptr_t)copy->parts % 8) return cudaErrorInvalidValue;
+    if (!copy || !copy->copy || !copy->gamma) return cudaErrorInvalidValue;
     return run_rows(MATMUL_LT_BIAS_RESIDUAL, y, ldy, x, W, bias, M, N, K, 0, 0, copy, stream);
 }
 
 extern "C" int gemm_rows_fold_takes(int M, int N, int K) {
     return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_FOLD_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
-           K <= GEMM_ROWS_FOLD_MAX_K && wave_rule(M, N, FOLD_ROWS, 1) &&
-           smem_bytes(K, FOLD_ROWS, 1, SRC_FOLD) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
+           K <= LN_MAX_K && fold_fits(K) && fold_cluster(M, N, K) > 0;
 }
 
 extern "C" cudaError_t gemm_rows_fold(MatmulLtEpilogue epilogue, void *y, long long ldy, const GemmRowsFold *in,
                                       const void *W, const float *s, const float *b_folded, int M, int N, int K,
                                       cudaStream_t stream) {
-    if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !in || !in->copy || !in->parts || in->nparts < 1 ||
-        in->nparts > 128 || (uintptr_t)in->parts % 8 || !s || !W || (in->shift && in->shift == in->mean_out) ||
-        (epilogue != MATMUL_LT_BIAS && epilogue != MATMUL_LT_BIAS_GELU))
+    if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !in || !in->x || in->ldx < K || !in->copy || !s || !W ||
+        (in->shift && in->shift == in->mean_out) || (epilogue != MATMUL_LT_BIAS && epilogue != MATMUL_LT_BIAS_GELU))
         return cudaErrorInvalidValue;
-    if (!gemm_rows_fold_takes(M, N, K) || (uintptr_t)in->copy % 16 || (uintptr_t)W % 16) return cudaErrorNotSupported;
+    if (!gemm_rows_fold_takes(M, N, K) || in->ldx % 4 || (uintptr_t)in->x % 16 || (uintptr_t)in->copy % 16 ||
+        (uintptr_t)W % 16)
+        return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     Out out = {};
     out.y = y, out.ldy = ldy, out.bias = b_folded, out.fold_s = s, out.shift = in->shift, out.mean_out = in->mean_out;
-    out.parts = reinterpret_cast<float2 *>(const_cast<float *>(in->parts)), out.nparts = in->nparts;
-    const LnIn none = {};
-    return epilogue == MATMUL_LT_BIAS
-               ? launch<FOLD_ROWS, MATMUL_LT_BIAS, 1, SRC_FOLD>(out, in->copy, none, W, M, N, K, stream)
-               : launch<FOLD_ROWS, MATMUL_LT_BIAS_GELU, 1, SRC_FOLD>(out, in->copy, none, W, M, N, K, stream);
+    const LnIn x = {in->x, in->ldx, NULL, 0};
+    const int cn = fold_cluster(M, N, K);
+    return epilogue == MATMUL_LT_BIAS ? launch_fold<MATMUL_LT_BIAS>(cn, out, in->copy, x, W, M, N, K, stream)
+                                      : launch_fold<MATMUL_LT_BIAS_GELU>(cn, out, in->copy, x, W, M, N, K, stream);
 }

@@ -87,53 +87,48 @@ cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 // (17-64: there staging normalised rows before the MMAs costs about what the LayerNorm kernel does,
 // docs/PERF.md "Session 49"). Two halves:
 //   1. The residual product before the LayerNorm (gemm_rows_residual_copy) also writes a bf16 copy of
-//      its new rows, shifted and scaled for the LayerNorm, copy = gamma (y - c), c a shift of each
-//      row near its mean (the mean the last folded product measured, or 0), and each row's partial
-//      sums (sum d, sum d^2) of d = y - c over groups of 8 or 16 columns.
+//      its new rows, shifted and scaled for the LayerNorm: copy = gamma (y - c), c a shift of each
+//      row near its mean (the mean the last folded product measured, or 0).
 //   2. The product after it (gemm_rows_fold) multiplies W by that copy exactly as gemm_rows multiplies
-//      x, and merges the partial sums into each row's statistics while its MMAs run:
+//      x, while a second warpgroup of each block takes the exact statistics (two-pass, fp32) of the
+//      rows the copy was made from; only the epilogue waits for them:
 //          y = epilogue(rstd (copy W^T - (mean - c) s) + b'),  s = W gamma, b' = W beta + b
 //      which is LayerNorm(x) W^T + b, since W (gamma (x - mean)) = W (gamma (x - c)) - (mean - c) W gamma.
 //      It writes the rows' means to mean_out: the next copy's c.
-// No LayerNorm kernel and no boundary before the product, and nothing but the partial sums' few
-// bytes a row on its path. c keeps the copy's bf16 rounding relative to the row's spread rather than
-// its offset, and the one-pass variance E[d^2] - E[d]^2 exact to fp32's precision times
-// |mean - c|^2 / var: a stale c (the residual adds since it was measured) costs precision in
-// proportion, never correctness.
+// No LayerNorm kernel and no boundary before the product. c keeps the copy's bf16 rounding relative
+// to the row's spread rather than its offset: a stale c (the residual adds since it was measured)
+// costs precision in proportion to |mean - c| / std, never correctness. The blocks of 8 or 4 column
+// tiles in a cluster share the statistics (each takes RB / CN of the rows), as gemm_rows_ln's share
+// their staging (gemm_rows.cu).
 
 // The residual product of gemm_rows (MATMUL_LT_BIAS_RESIDUAL: y fp32 += x W^T + bias) that also
-// writes copy->copy [M, N] bf16, rows N apart: gamma (y - shift) of the new y (shift [M] or NULL: 0),
-// and copy->parts fp32 [M][gemm_rows_copy_parts(M, N, K)][2]: the partial sums (sum d, sum d^2) of
-// d = y - shift over consecutive groups of columns (8-byte aligned). The buffers must not overlap y,
-// x or W. Takes and returns as gemm_rows.
+// writes copy->copy [M, N] bf16, rows N apart: gamma (y - shift) of the new y. shift [M] or NULL (0).
+// copy must not overlap y, x or W. Takes and returns as gemm_rows.
 typedef struct {
     void *copy;          // bf16 [M, N]
     const float *gamma;  // [N]: the next LayerNorm's gamma
     const float *shift;  // [M]: c, or NULL
-    float *parts;        // [M][parts][2]
 } GemmRowsCopy;
-int gemm_rows_copy_parts(int M, int N, int K);
 cudaError_t gemm_rows_residual_copy(float *y, long long ldy, const void *x, const void *W, const void *bias, int M,
                                     int N, int K, const GemmRowsCopy *copy, cudaStream_t stream);
 
-// gemm_rows_fold: y = epilogue(LayerNorm(x) W^T + b) from the copy of x and its partial sums.
+// gemm_rows_fold: y = epilogue(LayerNorm(x) W^T + b) from the copy of x and x's statistics.
+//   in->x        fp32 [M, K], rows ldx apart (16-byte aligned): the rows the copy was made from
 //   in->copy     bf16 [M, K]: gamma (x - c), as gemm_rows_residual_copy wrote it (16-byte aligned)
 //   in->shift    [M]: that c, or NULL (0)
-//   in->parts    fp32 [M][nparts][2], as it wrote them: nparts = gemm_rows_copy_parts of that
-//                product, 1-128
 //   in->mean_out [M]: where the rows' means go (the next copy's c), or NULL; not in->shift (blocks
 //                still read it while block 0 of the columns writes)
 //   s            fp32 [N] = W gamma; b_folded fp32 [N] = W beta + b, or NULL (ln_fold.cu's vectors)
 //   y            bf16 [M, N], rows ldy apart; epilogue MATMUL_LT_BIAS or MATMUL_LT_BIAS_GELU
-// Takes 0 <= M <= GEMM_ROWS_FOLD_MAX_ROWS, K a multiple of 64 up to GEMM_ROWS_FOLD_MAX_K (every
-// GPT-2 size to 355M), past 32 rows a grid of one wave (gemm_rows_fold_takes). Returns as gemm_rows.
+// Takes 0 <= M <= GEMM_ROWS_FOLD_MAX_ROWS, K a multiple of 64 up to 1024 (gemm_rows_ln's rows in
+// registers), where the grid's clusters of 8 or 4 fit the device at once (gemm_rows_fold_takes).
+// Returns as gemm_rows.
 #define GEMM_ROWS_FOLD_MAX_ROWS 64
-#define GEMM_ROWS_FOLD_MAX_K 1024
 typedef struct {
+    const float *x;
+    long long ldx;
     const void *copy;
     const float *shift;
-    const float *parts;
-    int nparts;
     float *mean_out;
 } GemmRowsFold;
 int gemm_rows_fold_takes(int M, int N, int K);

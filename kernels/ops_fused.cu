@@ -162,13 +162,12 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 // rows, where the pick alone had saved nothing ("Session 30"). The GEMV takes it at the rows it
 // takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
 enum { GREEDY_ROWS = 64 };
-// Then the LayerNorm fold's (ln_folded below): the row means qkv and fc measure, each the shift c of
-// the copy the next residual product writes, and the partial sums that product writes with it.
+// Then the LayerNorm fold's row means (ln_folded below): qkv's and fc's, each the shift c of the copy
+// the next residual product writes.
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
     float *qkv_mean, *fc_mean;        // [GEMM_ROWS_FOLD_MAX_ROWS] each
-    float *parts;                     // [GEMM_ROWS_FOLD_MAX_ROWS][C / 8][2] at most
 } FusedWorkspace;
 
 static FusedWorkspace fused_workspace(const GpuState *s) {
@@ -178,13 +177,11 @@ static FusedWorkspace fused_workspace(const GpuState *s) {
     w.greedy_best = (unsigned long long *)greedy;
     w.qkv_mean = greedy ? (float *)(greedy + align256((GREEDY_ROWS + 1) * 8)) : NULL;
     w.fc_mean = greedy ? w.qkv_mean + GEMM_ROWS_FOLD_MAX_ROWS : NULL;
-    w.parts = greedy ? w.fc_mean + GEMM_ROWS_FOLD_MAX_ROWS : NULL;
     return w;
 }
 
 static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) +
-           (2 + 2 * (size_t)(s->C + 7) / 8) * GEMM_ROWS_FOLD_MAX_ROWS * sizeof(float);
+    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) + 2 * GEMM_ROWS_FOLD_MAX_ROWS * sizeof(float);
 }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
@@ -214,8 +211,7 @@ static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
 // LayerNorm folded into the product"): past gemm_rows_ln's rows, where every product of the block takes
 // the many-row route through gemm_rows (the residual products write the copies the folded ones read,
 // so all four must agree: this is the one place they ask). ln1 from layer 1 on (layer 0's comes from
-// the embedding kernel), ln2 in every layer; s->ln holds the copy, FusedWorkspace its partial sums and
-// the means.
+// the embedding kernel), ln2 in every layer; s->ln holds the copy, FusedWorkspace the means.
 // On an H200 (124M, decode, against the LayerNorm kernel and gemm_rows): docs/PERF.md, "Session 50".
 // GPT2_LN_FOLD=0 turns it off (to compare routes).
 static int ln_folded(const GpuState *s, int M) {
@@ -229,15 +225,12 @@ static int ln_folded(const GpuState *s, int M) {
            gemm_rows_fold_takes(M, 4 * C, C);
 }
 
-// A folded product (qkv from layer 1 on, fc): the LayerNorm's copy in s->ln and its partial sums,
-// as the residual product of K_prev inputs before it wrote them; c is the mean the other folded
-// product measured last (the one the copy was made with), and this product's means go to its own
-// buffer.
+// A folded product (qkv from layer 1 on, fc): the LayerNorm's copy in s->ln, the rows' statistics
+// from s->x; c is the mean the other folded product measured last (the one the copy was made with),
+// and this product's means go to its own buffer.
 static int folded_product(GpuState *s, const GpuStep *st, MatmulLtEpilogue epi, void *y, int N, const void *W,
-                          const float *fs, const float *fb, int K_prev, const float *shift, float *mean_out,
-                          Error *err) {
-    const GemmRowsFold in = {s->ln, shift, fused_workspace(s).parts, gemm_rows_copy_parts(st->M, s->C, K_prev),
-                             mean_out};
+                          const float *fs, const float *fb, const float *shift, float *mean_out, Error *err) {
+    const GemmRowsFold in = {s->x, s->C, s->ln, shift, mean_out};
     CUDA_TRY(gemm_rows_fold(epi, y, N, &in, W, fs, fb, st->M, N, s->C, s->stream));
     return 0;
 }
@@ -248,7 +241,7 @@ static int residual_product(GpuState *s, const GpuStep *st, const void *x, const
                             const float *gamma, const float *shift, Error *err) {
     if (!gamma)
         return many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, x, W, bias, st->M, s->C, K, NULL, err);
-    const GemmRowsCopy copy = {s->ln, gamma, shift, fused_workspace(s).parts};
+    const GemmRowsCopy copy = {s->ln, gamma, shift};
     CUDA_TRY(gemm_rows_residual_copy(s->x, s->C, x, W, bias, st->M, s->C, K, &copy, s->stream));
     return 0;
 }
@@ -258,8 +251,8 @@ static int fused_attn_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 3 * s->C, s->C)) {
         if (l > 0 && ln_folded(s, st->M)) {
             const FusedWorkspace w = fused_workspace(s);
-            if (folded_product(s, st, MATMUL_LT_BIAS, s->scratch, 3 * s->C, ly->qkvw, ly->qkv_s, ly->qkv_b, 4 * s->C,
-                               w.fc_mean, w.qkv_mean, err))
+            if (folded_product(s, st, MATMUL_LT_BIAS, s->scratch, 3 * s->C, ly->qkvw, ly->qkv_s, ly->qkv_b, w.fc_mean,
+                               w.qkv_mean, err))
                 return -1;
         } else if (ln_in_product(s, st->M, 3 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS, s->scratch, 3 * s->C, s->x, s->C, ly->ln1w, ly->qkvw, ly->qkv_b,
@@ -314,7 +307,7 @@ static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
         if (ln_folded(s, st->M)) {
             const FusedWorkspace w = fused_workspace(s);
-            return folded_product(s, st, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, ly->fcw, ly->fc_s, ly->fc_b, s->C,
+            return folded_product(s, st, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, ly->fcw, ly->fc_s, ly->fc_b,
                                   l > 0 ? w.qkv_mean : NULL, w.fc_mean, err);
         }
         if (ln_in_product(s, st->M, 4 * s->C)) {

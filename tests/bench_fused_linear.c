@@ -524,7 +524,7 @@ static void bench_rows(MatmulLtEpilogue epi, int K, int N, int M) {
 
 // ----------------------------------------------------------------------------
 // The LayerNorm fold (gemm_rows.h) at GPT-2 124M's qkv and fc, batched-decode rows: gemm_rows_fold
-// (the residual product's copy, the statistics from its partial sums) and gemm_rows_ln (the rows normalised
+// (the residual product's copy, the statistics beside the MMAs) and gemm_rows_ln (the rows normalised
 // inside the product) against gemm_rows alone on LayerNorm's output, the product the LayerNorm
 // kernel route runs after that kernel (whose own cost, ~1.2 us on the path at 64 rows, only the
 // engine's step shows: docs/PERF.md, "Session 49"); then what the copy costs the residual products
@@ -536,7 +536,6 @@ typedef struct {
     float **x;           // [nsets] fp32 [M, K]
     void **copy, **W;    // [nsets] bf16 gamma (x - c) [M, K], W [N, K]
     float *gamma, *beta, *s, *b2, *c, *mean;
-    float **parts;        // [nsets] [M][K / 16][2]: the copy's partial sums
     void *bias, *xn, *y;  // bias bf16 [N]; the LayerNorm's output bf16 [M, K]; y bf16 [M, N]
 } FoldBench;
 
@@ -550,18 +549,19 @@ static void enqueue_fold_ln(void *p, int set) {
 }
 static void enqueue_fold(void *p, int set) {
     FoldBench *b = p;
-    const GemmRowsFold in = {b->copy[set], b->c, b->parts[set], b->K / 16, b->mean};
+    const GemmRowsFold in = {b->x[set], b->K, b->copy[set], b->c, b->mean};
     CK(gemm_rows_fold(b->epi, b->y, b->N, &in, b->W[set], b->s, b->b2, b->M, b->N, b->K, stream));
 }
 
 static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
-    FoldBench b = {.epi = epi, .M = M, .N = N, .K = K, .nsets = nsets_for((size_t)N * K * 2)};
+    FoldBench b = {epi, M, N, K, nsets_for((size_t)N * K * 2), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL};
     float *hx = xmalloc((size_t)M * K * 4), *hw = xmalloc((size_t)N * K * 4), *hc = xmalloc(M * 4);
     float *g = xmalloc(K * 4), *be = xmalloc(K * 4), *hb = xmalloc(N * 4), *hs = xmalloc(N * 4), *hb2 = xmalloc(N * 4);
     for (int k = 0; k < K; k++) g[k] = 1.0f + 0.2f * frand(), be[k] = 0.1f * frand();
     for (int n = 0; n < N; n++) hb[n] = 0.1f * frand();
     b.x = xmalloc(b.nsets * sizeof(float *)), b.copy = xmalloc(b.nsets * sizeof(void *));
-    b.W = xmalloc(b.nsets * sizeof(void *)), b.parts = xmalloc(b.nsets * sizeof(float *));
+    b.W = xmalloc(b.nsets * sizeof(void *));
     for (int i = 0; i < b.nsets; i++) {
         for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = bf16_to_float(float_to_bf16(frand() * 0.03f));
         for (int m = 0; m < M; m++) {  // rows of mean ~10, c their mean
@@ -569,14 +569,8 @@ static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
             for (int k = 0; k < K; k++) sum += hx[(size_t)m * K + k] = 10.0f + frand();
             hc[m] = (float)(sum / K);
         }
-        float *hcopy = xmalloc((size_t)M * K * 4), *hparts = xcalloc((size_t)M * K / 8, 4);
-        for (size_t j = 0; j < (size_t)M * K; j++) {  // the copy and its partial sums over groups of 16
-            const float d = hx[j] - hc[j / K];
-            hcopy[j] = d * g[j % K];
-            hparts[j / 16 * 2] += d, hparts[j / 16 * 2 + 1] += d * d;
-        }
-        b.parts[i] = upload_w(hparts, (size_t)M * K / 8, DTYPE_F32);
-        free(hparts);
+        float *hcopy = xmalloc((size_t)M * K * 4);
+        for (size_t j = 0; j < (size_t)M * K; j++) hcopy[j] = (hx[j] - hc[j / K]) * g[j % K];
         b.x[i] = upload_w(hx, (size_t)M * K, DTYPE_F32);
         b.copy[i] = upload_w(hcopy, (size_t)M * K, DTYPE_BF16);
         b.W[i] = upload_w(hw, (size_t)N * K, DTYPE_BF16);
@@ -616,8 +610,8 @@ static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
     }
     printf("\n");
     fflush(stdout);
-    for (int i = 0; i < b.nsets; i++) cudaFree(b.x[i]), cudaFree(b.copy[i]), cudaFree(b.W[i]), cudaFree(b.parts[i]);
-    free(b.x), free(b.copy), free(b.W), free(b.parts), free(ref);
+    for (int i = 0; i < b.nsets; i++) cudaFree(b.x[i]), cudaFree(b.copy[i]), cudaFree(b.W[i]);
+    free(b.x), free(b.copy), free(b.W), free(ref);
     free(hx), free(hw), free(hc), free(g), free(be), free(hb), free(hs), free(hb2);
     cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.s), cudaFree(b.b2), cudaFree(b.c), cudaFree(b.bias);
     cudaFree(b.mean), cudaFree(b.xn), cudaFree(b.y);
@@ -638,7 +632,7 @@ static void enqueue_copy(void *p, int set) {
 
 static void bench_copy(int K, int N, int M) {
     CopyBench b = {{MATMUL_LT_BIAS_RESIDUAL, M, N, K, nsets_for((size_t)N * K * 2), 0, 0, NULL, NULL, NULL, NULL},
-                   {NULL, NULL, NULL, NULL}};
+                   {NULL, NULL, NULL}};
     random_sets(b.rows.nsets, (size_t)N * K, (size_t)M * K, &b.rows.W, &b.rows.x);
     float *h = xmalloc((N > M ? N : M) * 4);
     for (int n = 0; n < N; n++) h[n] = 0.1f * frand();
@@ -650,7 +644,6 @@ static void bench_copy(int K, int N, int M) {
     CK(cudaMalloc(&b.rows.y, (size_t)M * N * 4));
     CK(cudaMemset(b.rows.y, 0, (size_t)M * N * 4));
     CK(cudaMalloc(&b.copy.copy, (size_t)M * N * 2));
-    CK(cudaMalloc((void **)&b.copy.parts, (size_t)M * N / 8 * 4));
     b.copy.gamma = gamma, b.copy.shift = shift;
     const Timing t0 = time_it(enqueue_rows, &b.rows, b.rows.nsets), t1 = time_it(enqueue_copy, &b, b.rows.nsets);
     printf("copy bias+residual %4d->%-4d M=%-3d | gemm_rows %6.2f us | with the copy %6.2f us (+%.2f)\n", K, N, M,
@@ -658,8 +651,7 @@ static void bench_copy(int K, int N, int M) {
     fflush(stdout);
     free(h);
     free_sets(b.rows.nsets, b.rows.W, b.rows.x);
-    cudaFree(b.rows.bias), cudaFree(b.rows.y), cudaFree(b.copy.copy), cudaFree(b.copy.parts), cudaFree(gamma);
-    cudaFree(shift);
+    cudaFree(b.rows.bias), cudaFree(b.rows.y), cudaFree(b.copy.copy), cudaFree(gamma), cudaFree(shift);
 }
 
 // The logits of GPT-2 124M (768 -> 50257, y's rows 50304 apart): the engine's route past 4 rows

@@ -447,14 +447,13 @@ static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big
 // ----------------------------------------------------------------------------
 // The LayerNorm fold (gemm_rows.h): a residual product writing the copy, then the folded product
 
-// The residual product y = x0 + a Wp^T + bp (a: M x Kp, Wp: K x Kp) writing copy = gamma (y - c) and
-// its partial sums, then gemm_rows_fold of the LayerNorm of y into W (N x K). shift: c = each row's
-// mean of x0 (the engine's c: the mean measured before the residual add), else none (0). graph: the
-// two calls captured in a CUDA graph (their PDL chain as the engine's decode graphs run it). Checked:
+// The residual product y = x0 + a Wp^T + bp (a: M x Kp, Wp: K x Kp) writing copy = gamma (y - c),
+// then gemm_rows_fold of the LayerNorm of y into W (N x K). shift: c = each row's mean of x0 (the
+// engine's c: the mean measured before the residual add), else none (0). graph: the two calls
+// captured in a CUDA graph (their PDL chain as the engine's decode graphs run it). Checked:
 //   y        against fp64 (the residual add's rounding allowed, as run_res_case)
 //   copy     bit for bit against bf16(gamma (y - c)) of the y the kernel wrote
-//   means    against fp64 means of that y: |err| <= 1e-5 rms(row) (from the partial sums: a wrong
-//            or missing one shows here and in the output)
+//   means    against fp64 means of that y: |err| <= 1e-5 rms(row)
 //   output   against the fold in fp64 from the kernel's copy and y (the kernel check: 1e-3 plus an
 //            output ulp), and against LayerNorm(y) W^T + b exactly (1e-2, the copy's rounding)
 // Outputs and the means past M poisoned first; every element must be written, nothing past M.
@@ -492,16 +491,14 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     float *dc = dev_upload(c, M * 4), *ds = dev_upload(s, N * 4), *db = dev_upload(b2, N * 4);
     void *dcopy = dev_upload(NULL, (size_t)M * K * 2), *dout = dev_upload(NULL, (size_t)M * N * 2);
     float *dmean = dev_upload(NULL, (M + 8) * 4);
-    const int nparts = gemm_rows_copy_parts(M, K, Kp);
-    float *dparts = dev_upload(NULL, (size_t)M * (nparts > 0 ? nparts : 1) * 8);
     cuda_ok(cudaMemset(dcopy, 0xff, (size_t)M * K * 2), "poison");
     cuda_ok(cudaMemset(dout, 0xff, (size_t)M * N * 2), "poison");
     cuda_ok(cudaMemset(dmean, 0xff, (M + 8) * 4), "poison");
 
     cudaStream_t stream;
     cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-    const GemmRowsCopy copy = {dcopy, dg, shift ? dc : NULL, dparts};
-    const GemmRowsFold in = {dcopy, shift ? dc : NULL, dparts, nparts, dmean};
+    const GemmRowsCopy copy = {dcopy, dg, shift ? dc : NULL};
+    const GemmRowsFold in = {dy, K, dcopy, shift ? dc : NULL, dmean};
     const MatmulLtEpilogue epi = act == ACT_GELU ? MATMUL_LT_BIAS_GELU : MATMUL_LT_BIAS;
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
@@ -580,34 +577,27 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     free(x0), free(a), free(Wp), free(bp), free(W), free(bias), free(gamma), free(beta), free(c), free(s), free(b2);
     free(y), free(cp), free(out), free(mean), free(ref_y), free(ref), free(delta), free(ref_exact);
     cudaFree(da), cudaFree(dWp), cudaFree(dW), cudaFree(dy), cudaFree(dbp), cudaFree(dg), cudaFree(dc), cudaFree(ds);
-    cudaFree(db), cudaFree(dcopy), cudaFree(dout), cudaFree(dmean), cudaFree(dparts);
+    cudaFree(db), cudaFree(dcopy), cudaFree(dout), cudaFree(dmean);
 }
 
 // What the fold refuses: its c and its means in one buffer (blocks would read the c that block 0 of
-// the columns overwrites), an epilogue other than bias (+ GELU), no copy or no partial sums, more
-// than 128 of them a row; past 64 rows or K = 1024. 124M's residual products write 48 a row (groups
-// of 16 columns).
+// the columns overwrites), an epilogue other than bias (+ GELU), no copy; past 64 rows or K = 1024.
 static void test_fold_refuses(void) {
     float *d = dev_upload(NULL, 1 << 20);
-    const GemmRowsFold same = {d, d + 4096, d, 48, d + 4096}, ok = {d, d + 4096, d, 48, d + 8192};
-    const GemmRowsFold many = {d, d + 4096, d, 129, d + 8192};
-    const GemmRowsCopy none = {NULL, d, NULL, d}, no_parts = {d, d, NULL, NULL};
+    const GemmRowsFold same = {d, 768, d, d + 4096, d + 4096}, ok = {d, 768, d, d + 4096, d + 8192};
+    const GemmRowsFold wide = {d, 1088, d, d + 4096, d + 8192};
+    const GemmRowsCopy none = {NULL, d, NULL};
     const cudaError_t e[] = {
         gemm_rows_fold(MATMUL_LT_BIAS, d, 2304, &same, d, d, d, 32, 2304, 768, 0),
         gemm_rows_fold(MATMUL_LT_BIAS_RESIDUAL, d, 2304, &ok, d, d, d, 32, 2304, 768, 0),
         gemm_rows_residual_copy(d, 768, d, d, d, 32, 768, 768, &none, 0),
         gemm_rows_fold(MATMUL_LT_BIAS, d, 64, &ok, d, d, d, 65, 64, 768, 0),
-        gemm_rows_fold(MATMUL_LT_BIAS, d, 64, &ok, d, d, d, 32, 64, 1088, 0),
-        gemm_rows_residual_copy(d, 768, d, d, d, 32, 768, 768, &no_parts, 0),
-        gemm_rows_fold(MATMUL_LT_BIAS, d, 2304, &many, d, d, d, 32, 2304, 768, 0),
+        gemm_rows_fold(MATMUL_LT_BIAS, d, 64, &wide, d, d, d, 32, 64, 1088, 0),
     };
     CHECK(e[0] == cudaErrorInvalidValue && e[1] == cudaErrorInvalidValue && e[2] == cudaErrorInvalidValue &&
-              e[3] == cudaErrorNotSupported && e[4] == cudaErrorNotSupported && e[5] == cudaErrorInvalidValue &&
-              e[6] == cudaErrorInvalidValue && !gemm_rows_fold_takes(65, 64, 768) &&
-              !gemm_rows_fold_takes(32, 64, 1088) && gemm_rows_fold_takes(64, 3072, 768) &&
-              gemm_rows_copy_parts(64, 768, 768) == 48 && gemm_rows_copy_parts(64, 768, 3072) == 48,
-          "ln fold refuses what it cannot run", "got %d %d %d %d %d %d %d; parts %d %d", e[0], e[1], e[2], e[3], e[4],
-          e[5], e[6], gemm_rows_copy_parts(64, 768, 768), gemm_rows_copy_parts(64, 768, 3072));
+              e[3] == cudaErrorNotSupported && e[4] == cudaErrorNotSupported && !gemm_rows_fold_takes(65, 64, 768) &&
+              !gemm_rows_fold_takes(32, 64, 1088) && gemm_rows_fold_takes(64, 3072, 768),
+          "ln fold refuses what it cannot run", "got %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4]);
     cudaFree(d);
 }
 
