@@ -449,7 +449,8 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const int t = row_of(i), f = col_of(i);
-            if (t < M && f < N) out.copy[t * N + f] = __float2bfloat16((v[i] - row_c[i]) * copy_gamma[split ? 0 : (i >> 1) & 1]);
+            if (t < M && f < N)
+                out.copy[t * N + f] = __float2bfloat16((v[i] - row_c[i]) * copy_gamma[split ? 0 : (i >> 1) & 1]);
         }
     if (FOLD && out.mean_out && blockIdx.x == 0 && tid < RB && r0 + tid < M) out.mean_out[r0 + tid] = stats[tid].x;
 }
@@ -639,7 +640,9 @@ cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int
 // of the GELU instantiation for both epilogues (the same shared memory and threads).
 constexpr int FOLD_ROWS = 32;
 
-bool fold_fits(int K) { return smem_bytes(K, FOLD_ROWS, 1, SRC_FOLD) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0); }
+bool fold_fits(int K) {
+    return smem_bytes(K, FOLD_ROWS, 1, SRC_FOLD) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
+}
 
 template <int VPL> int fold_cluster_vpl(int M, int N, int K) {
     if (clusters_fit<FOLD_ROWS, MATMUL_LT_BIAS_GELU, SRC_FOLD, VPL, 8>(M, N, K)) return 8;

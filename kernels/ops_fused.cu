@@ -34,6 +34,9 @@
 //              (no sampler kernel after them)
 // Five at 1-16 rows in bf16 on Hopper (decode to batch 16, short prompts): there qkv and fc take their
 // LayerNorm inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
+// Five past layer 0 at 17-64 rows too: there the residual products write a copy of their rows for the
+// next LayerNorm and qkv and fc fold it with the statistics taken beside their MMAs (gemm_rows_fold,
+// ln_folded below).
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).

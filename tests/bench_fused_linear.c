@@ -578,7 +578,8 @@ static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
     }
     for (int n = 0; n < N; n++) {  // ln_fold.cu's vectors, from the last set's W (the timing does not care)
         double ss = 0, bb = hb[n];
-        for (int k = 0; k < K; k++) ss += (double)hw[(size_t)n * K + k] * g[k], bb += (double)hw[(size_t)n * K + k] * be[k];
+        for (int k = 0; k < K; k++)
+            ss += (double)hw[(size_t)n * K + k] * g[k], bb += (double)hw[(size_t)n * K + k] * be[k];
         hs[n] = (float)ss, hb2[n] = (float)bb;
     }
     b.gamma = upload_w(g, K, DTYPE_F32), b.beta = upload_w(be, K, DTYPE_F32), b.s = upload_w(hs, N, DTYPE_F32);
@@ -591,8 +592,8 @@ static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
     enqueue_fold_product(&b, last);
     float *ref = fetch(b.y, (size_t)M * N, DTYPE_BF16);
     const Timing tk = time_it(enqueue_fold_product, &b, b.nsets);
-    printf("fold %-9s %4d->%-4d M=%-3d | gemm_rows alone %6.2f us |", epi == MATMUL_LT_BIAS ? "bias" : "bias+gelu", K, N,
-           M, tk.graph_us);
+    printf("fold %-9s %4d->%-4d M=%-3d | gemm_rows alone %6.2f us |", epi == MATMUL_LT_BIAS ? "bias" : "bias+gelu",
+           K, N, M, tk.graph_us);
     const EnqueueFn fns[] = {enqueue_fold_ln, enqueue_fold};
     const char *names[] = {"gemm_rows_ln", "gemm_rows_fold"};
     for (int v = 0; v < 2; v++) {

@@ -484,7 +484,8 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     float *s = xmalloc(N * sizeof(float)), *b2 = xmalloc(N * sizeof(float));  // ln_fold.cu's, from the rounded W
     for (int n = 0; n < N; n++) {
         double ss = 0, bb = 0;
-        for (int k = 0; k < K; k++) ss += (double)W[(size_t)n * K + k] * gamma[k], bb += (double)W[(size_t)n * K + k] * beta[k];
+        for (int k = 0; k < K; k++)
+            ss += (double)W[(size_t)n * K + k] * gamma[k], bb += (double)W[(size_t)n * K + k] * beta[k];
         s[n] = (float)ss, b2[n] = (float)(bb + bias[n]);
     }
     float *dy = dev_upload(x0, (size_t)M * K * 4), *dbp = dev_upload(bp, K * 4), *dg = dev_upload(gamma, K * 4);
@@ -507,7 +508,8 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     const cudaError_t e2 = gemm_rows_fold(epi, dout, N, &in, dW, ds, db, M, N, K, stream);
     if (graph) {
         cuda_ok(cudaStreamEndCapture(stream, &g), "end capture");
-        if (g && cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate")) cuda_ok(cudaGraphLaunch(ge, stream), "launch");
+        if (g && cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate"))
+            cuda_ok(cudaGraphLaunch(ge, stream), "launch");
     }
     cuda_ok(cudaStreamSynchronize(stream), name);
     float *y = download(dy, (size_t)M * K, DTYPE_F32), *cp = download(dcopy, (size_t)M * K, DTYPE_BF16);
@@ -539,7 +541,8 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
             continue;
         }
         double mu = 0, sq = 0;
-        for (int k = 0; k < K; k++) mu += y[(size_t)m * K + k], sq += (double)y[(size_t)m * K + k] * y[(size_t)m * K + k];
+        for (int k = 0; k < K; k++)
+            mu += y[(size_t)m * K + k], sq += (double)y[(size_t)m * K + k] * y[(size_t)m * K + k];
         mu /= K;
         mean_bad += !(fabs(mean[m] - mu) <= 1e-5 * sqrt(sq / K));
     }
@@ -554,7 +557,8 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
         for (int n = 0; n < N; n++) {
             const float *w = W + (size_t)n * K;
             double e1 = bias[n], e2 = 0;
-            for (int k = 0; k < K; k++) e1 += w[k] * ((row[k] - mu) * rstd * gamma[k] + beta[k]), e2 += w[k] * (double)crow[k];
+            for (int k = 0; k < K; k++)
+                e1 += w[k] * ((row[k] - mu) * rstd * gamma[k] + beta[k]), e2 += w[k] * (double)crow[k];
             e2 = rstd * (e2 - (mu - c[m]) * s[n]) + b2[n];
             if (act == ACT_GELU) e1 = gelu_ref(e1), e2 = gelu_ref(e2);
             ref_exact[(size_t)m * N + n] = round_bf16((float)e1);

@@ -546,7 +546,8 @@ int main(void) {
         check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);
         if (i < 2) check_bf16(&m, tag, 2, T);
         // 40 rows in bf16: past the cluster GEMV, so the attention reads the many-row route's qkv
-        // product (on Hopper gemm_rows's after the LayerNorm kernel).
+        // product (on Hopper the LayerNorms folded into qkv and fc: gemm_rows_fold, two row tiles, c
+        // from the other product's means in layer 1).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 40, T, T / 3, DTYPE_BF16, 3e-2);
         // 1, 2 and 8 rows in bf16: on Hopper qkv and fc through gemm_rows_ln (the LayerNorm inside, 1-16
         // rows, the rows shared over a cluster of 2 blocks) and the logits through logits_rows.
@@ -584,7 +585,7 @@ int main(void) {
             check_decode_dt(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         }
         // 24 sequences in bf16 at GPT-2 medium's width: on Hopper the batched products through
-        // gemm_rows, the LayerNorm kernel before qkv and fc.
+        // gemm_rows, the LayerNorms folded into qkv and fc (gemm_rows_fold at K = 1024).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, big[i].name, 24, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         check_graph_decode(&m, big[i].name, DTYPE_F32, 1, big[i].config.max_seq_len, 5);
         gpt2_model_free(&m);
