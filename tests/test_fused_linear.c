@@ -407,6 +407,29 @@ static void run_ln_case(const LnCase *c) {
 // ----------------------------------------------------------------------------
 // linear_residual
 
+// A residual product's result out = r0 + x W^T + b (M x K times N x K) checked by its added part,
+// out - r0, against fp64 (r0 would hide errors in the sum); *tol: base_tol plus the fp32 add's one
+// rounding of |r0| relative to |x W^T + b|.
+static Cmp residual_delta(const float *out, const float *r0, const float *x, const float *W, const float *b, int M,
+                          int N, int K, double base_tol, double *tol) {
+    double *ref = xcalloc((size_t)M * N, sizeof(double));
+    float *delta = xcalloc((size_t)M * N, sizeof(float));  // calloc: GCC's -Wmaybe-uninitialized otherwise
+    double rr = 0, rd = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const size_t i = (size_t)m * N + n;
+            double acc = b[n];
+            for (int k = 0; k < K; k++) acc += (double)x[(size_t)m * K + k] * W[(size_t)n * K + k];
+            ref[i] = acc;
+            delta[i] = (float)((double)out[i] - r0[i]);
+            rr += (double)r0[i] * r0[i], rd += acc * acc;
+        }
+    const Cmp cm = compare(delta, ref, (size_t)M * N);
+    *tol = base_tol + 1.2e-7 * sqrt(rr / (rd > 0 ? rd : 1));
+    free(ref), free(delta);
+    return cm;
+}
+
 static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big) {
     char name[160];
     snprintf(name, sizeof name, "linear_residual %s %s M=%d N=%d K=%d%s", dtype_name(dt), path_name(path), M, N, K,
@@ -422,25 +445,12 @@ static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big
     int rc = linear_residual_ex(dx, dW, dt, db, dr, M, N, K, path, 0);
     cuda_ok(cudaDeviceSynchronize(), name);
     float *out = download(dr, (size_t)M * N, DTYPE_F32);
-    // Compare the added part: out - r0 against x W^T + b (r0 would hide errors in the sum).
-    double *ref = xmalloc((size_t)M * N * sizeof(double));
-    float *delta = xmalloc((size_t)M * N * sizeof(float));
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double acc = b[n];
-            for (int k = 0; k < K; k++) acc += (double)x[(size_t)m * K + k] * W[(size_t)n * K + k];
-            ref[(size_t)m * N + n] = acc;
-            delta[(size_t)m * N + n] = (float)((double)out[(size_t)m * N + n] - r0[(size_t)m * N + n]);
-        }
-    Cmp cm = compare(delta, ref, (size_t)M * N);
-    // The fp32 add of r0 costs one rounding of |r0| relative to |delta|: allow for it.
-    double rr = 0, rd = 0;
-    for (size_t i = 0; i < (size_t)M * N; i++) rr += (double)r0[i] * r0[i], rd += ref[i] * ref[i];
-    const double tol = (dt == DTYPE_F32 ? 1e-5 : 1e-4) + 1.2e-7 * sqrt(rr / (rd > 0 ? rd : 1));
+    double tol;
+    const Cmp cm = residual_delta(out, r0, x, W, b, M, N, K, dt == DTYPE_F32 ? 1e-5 : 1e-4, &tol);
     CHECK(rc == 0 && cm.unwritten == 0 && cm.rel_l2 <= tol && cm.max_rel <= 50 * tol, name,
           "rc=%d unwritten=%lld rel_l2=%.3g (tol %.2g) max_rel=%.3g", rc, cm.unwritten, cm.rel_l2, tol, cm.max_rel);
     if (getenv("GPT2_TEST_VERBOSE")) printf("  %s: rel_l2 %.3g max_rel %.3g\n", name, cm.rel_l2, cm.max_rel);
-    free(x), free(W), free(b), free(r0), free(out), free(ref), free(delta);
+    free(x), free(W), free(b), free(r0), free(out);
     cudaFree(dx), cudaFree(dW), cudaFree(db), cudaFree(dr);
 }
 
@@ -515,20 +525,9 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     float *y = download(dy, (size_t)M * K, DTYPE_F32), *cp = download(dcopy, (size_t)M * K, DTYPE_BF16);
     float *out = download(dout, (size_t)M * N, DTYPE_BF16), *mean = download(dmean, M + 8, DTYPE_F32);
 
-    // The residual product, as run_res_case: the added part against fp64.
-    double *ref_y = xcalloc((size_t)M * K, sizeof(double));
-    float *delta = xcalloc((size_t)M * K, sizeof(float));
-    double rr = 0, rd = 0;
-    for (int m = 0; m < M; m++)
-        for (int k = 0; k < K; k++) {
-            double acc = bp[k];
-            for (int j = 0; j < Kp; j++) acc += (double)a[(size_t)m * Kp + j] * Wp[(size_t)k * Kp + j];
-            ref_y[(size_t)m * K + k] = acc;
-            delta[(size_t)m * K + k] = (float)((double)y[(size_t)m * K + k] - x0[(size_t)m * K + k]);
-            rr += (double)x0[(size_t)m * K + k] * x0[(size_t)m * K + k], rd += acc * acc;
-        }
-    const Cmp cy = compare(delta, ref_y, (size_t)M * K);
-    const double tol_y = 1e-4 + 1.2e-7 * sqrt(rr / (rd > 0 ? rd : 1));
+    // The residual product, as run_res_case's.
+    double tol_y;
+    const Cmp cy = residual_delta(y, x0, a, Wp, bp, M, K, Kp, 1e-4, &tol_y);
     // The copy bit for bit, the means, then the folded product from them.
     long long copy_bad = 0, mean_bad = 0;
     for (size_t i = 0; i < (size_t)M * K; i++) {
@@ -579,7 +578,7 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     if (g) cudaGraphDestroy(g);
     cudaStreamDestroy(stream);
     free(x0), free(a), free(Wp), free(bp), free(W), free(bias), free(gamma), free(beta), free(c), free(s), free(b2);
-    free(y), free(cp), free(out), free(mean), free(ref_y), free(ref), free(delta), free(ref_exact);
+    free(y), free(cp), free(out), free(mean), free(ref), free(ref_exact);
     cudaFree(da), cudaFree(dWp), cudaFree(dW), cudaFree(dy), cudaFree(dbp), cudaFree(dg), cudaFree(dc), cudaFree(ds);
     cudaFree(db), cudaFree(dcopy), cudaFree(dout), cudaFree(dmean);
 }
