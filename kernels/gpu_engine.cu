@@ -26,8 +26,8 @@ typedef struct {
     int top_k;
 } PickKey;
 
-// A decode step captured as a CUDA graph for one batch size and the sampler settings it bakes in;
-// the position, tokens and draws reach it through the staging area.
+// A decode step captured as a CUDA graph for one batch size, staging slot and the sampler settings
+// it bakes in; the position, tokens and draws reach it through the slot.
 typedef struct {
     cudaGraphExec_t exec;
     PickKey pick;
@@ -55,20 +55,27 @@ typedef struct {
     GpuProfile *prof;                   // gpu_engine_profile: where forwards add their times
     cudaEvent_t *events;                // 5L + 4 step boundaries, created on first use
     int nevents;
-    // Decode steps (gpu_decode): a pinned staging area and its device mirror, both laid out
-    // [pos | tokens[max_batch] | draws[max_batch] (float bits)], so a step is one copy in before the
-    // model and the sampler; the sampled ids come out with no copy: the kernel that picks them
-    // writes them into pinned host memory through its device mapping (ids_dev). Against a copy node
-    // after the last kernel: decode B = 1 +3.0%, B = 64 +1.9% on an H200 (docs/PERF.md, "Session 39").
-    int *io_host, *io_dev;
-    int *ids_host, *ids_dev;            // [max_batch]: the same pinned memory, host and device addresses
+    // Decode steps (gpu_decode, gpu_queue_step) go through two staging slots of pinned host memory,
+    // mapped into the device's address space, each laid out [pos | tokens[max_batch] |
+    // draws[max_batch] (float bits)] and copied to io_dev in one copy before the model. A step in
+    // slot p picks its ids straight into slot 1 - p's tokens through the mapping (a prompt's pick
+    // into slot 0's): the host reads them there, and the next step, in slot 1 - p, copies them in
+    // as its tokens. So no copy node ends a step (against one: decode B = 1 +3.0%, B = 64 +1.9% on
+    // an H200, docs/PERF.md "Session 39"), and a step can be queued before the last one's ids reach
+    // the host (engine_decode_steps; "Session 51").
+    int *io_host, *io_mapped, *io_dev;  // io_host and io_mapped: the two slots, io_ints apart
+    size_t io_ints;
+    int slot;                           // the next decode step's slot: the last pick wrote its tokens
+    int chain_B, chain_pos;             // that pick's batch (0: none; the host picked last) and its tokens' position
+    int queued;                         // steps gpu_queue_step queued that gpu_wait_step has not waited for (0-2)
+    cudaEvent_t step_done[2];           // recorded after each queued step, by slot
     // A forward's or a prompt's inputs (upload_inputs): pinned [max_batch * max_seq tokens | max_batch
     // draws], copied to s->tokens in one copy; from the caller's pageable tokens and the staging
     // area's draws it took two, ~2.4 us more a prompt on an H200 (docs/PERF.md, "Session 39").
     int *input_host;
     void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
     size_t sampling_ws_bytes;
-    DecodeGraph *graphs;                // [max_batch + 1]: one per batch size, captured on first use
+    DecodeGraph *graphs;                // [max_batch + 1][2]: one per batch size and slot, captured on first use
     ForwardGraph fwd[FORWARD_GRAPHS];   // forwards of repeated shapes (fused table; GPT2_FORWARD_GRAPH=0: none)
     int fwd_graphs_on;
     unsigned long long forwards;        // forward calls so far (the forward graphs' clock)
@@ -362,6 +369,11 @@ static int check_step(const GpuState *s, const int *tokens, int B, int T, int po
     return 0;
 }
 
+// Nothing else runs while decode steps are queued (src/engine.h).
+static int refuse_if_queued(const GpuEngine *g, Error *err) {
+    return g->queued ? fail(err, "%d queued decode steps were not waited for", g->queued) : 0;
+}
+
 // Profiling: an event at each step boundary (start | input | 5 per layer | logits | output).
 #define MARK()                                                               \
     do {                                                                     \
@@ -424,13 +436,19 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 // ----------------------------------------------------------------------------
 // The pick of the next tokens (decode steps and prompts)
 
+// Slot p's staging in host memory, and the device address of its tokens (where the pick before it
+// writes them).
+static int *slot_host(GpuEngine *g, int p) { return g->io_host + (size_t)p * g->io_ints; }
+static int *slot_tokens_dev(GpuEngine *g, int p) { return g->io_mapped + (size_t)p * g->io_ints + 1; }
+
 // The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
-// with the draws already on the device, the ids into ids_dev (host memory).
-static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, const float *draws, Error *err) {
+// with the draws already on the device, the ids into picks (a slot's tokens, in host memory).
+static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, const float *draws, int *picks,
+                        Error *err) {
     GpuState *s = &g->s;
     if (!sampled)
         CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
-                                  g->ids_dev, g->sampling_ws, g->sampling_ws_bytes, s->stream));
+                                  picks, g->sampling_ws, g->sampling_ws_bytes, s->stream));
     return 0;
 }
 
@@ -501,7 +519,9 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
 static int enqueue_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile,
                            int *ev, GpuTraceFn trace, void *user, Error *err) {
     if (enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err)) return -1;
-    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, (const float *)(g->s.tokens + st->M), err) : 0;
+    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, (const float *)(g->s.tokens + st->M),
+                              slot_tokens_dev(g, 0), err)
+               : 0;
 }
 
 // A forward's M tokens (and a prompt's B draws after them, u non-NULL) into s->tokens, one copy.
@@ -544,7 +564,8 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
                             GpuTraceFn trace, void *user, Error *err) {
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
-    if (check_step(s, tokens, B, T, pos, err)) return -1;
+    if (refuse_if_queued(g, err) || check_step(s, tokens, B, T, pos, err)) return -1;
+    g->chain_B = 0;  // the next tokens come from the host (engine_decode's sampler)
     GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
@@ -577,26 +598,27 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 // Decode: one token per sequence, sampled on the device, replayed as a CUDA graph; and the
 // prompt's first new token, sampled on the device after its forward
 
-// The step as enqueued work: the staging area in, the model at T = 1, the sampler (the ids straight
-// into host memory).
-// Greedy decoding offers the logits op the ids (GpuStep.greedy_next).
-static int enqueue_decode(GpuEngine *g, int B, int pos, const Sampler *smp, int in_graph, Error *err) {
+// The step in slot p as enqueued work: the slot's staging in, the model at T = 1, the sampler (the
+// ids straight into slot 1 - p's tokens, in host memory). Greedy decoding offers the logits op the
+// ids (GpuStep.greedy_next).
+static int enqueue_decode(GpuEngine *g, int B, int pos, int p, const Sampler *smp, int in_graph, Error *err) {
     GpuState *s = &g->s;
     int mb = s->max_batch, unused = 0, sampled = 0;
-    CUDA_TRY(cudaMemcpyAsync(g->io_dev, g->io_host, (1 + 2 * (size_t)mb) * sizeof(int), cudaMemcpyHostToDevice,
-                             s->stream));
-    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
+    int *picks = slot_tokens_dev(g, 1 - p);
+    CUDA_TRY(cudaMemcpyAsync(g->io_dev, slot_host(g, p), g->io_ints * sizeof(int), cudaMemcpyHostToDevice, s->stream));
+    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? picks : NULL, &sampled};
     if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_pick(g, B, smp, sampled, (const float *)(g->io_dev + 1 + mb), err);
+    return enqueue_pick(g, B, smp, sampled, (const float *)(g->io_dev + 1 + mb), picks, err);
 }
 
-// Captures the decode step for batch B with these sampler settings (replacing an older capture).
-static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const Sampler *smp, Error *err) {
+// Captures the decode step for batch B in slot p with these sampler settings (replacing an older
+// capture).
+static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, int p, const Sampler *smp, Error *err) {
     cudaStream_t stream = g->s.stream;
     if (dg->exec) CUDA_TRY(cudaGraphExecDestroy(dg->exec));
     dg->exec = NULL;
     CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    int rc = enqueue_decode(g, B, pos, smp, 1, err);
+    int rc = enqueue_decode(g, B, pos, p, smp, 1, err);
     rc = end_capture(stream, rc, &dg->exec, err);
     *dg = (DecodeGraph){rc == 0 ? dg->exec : NULL, pick_key(smp)};
     return rc;
@@ -605,55 +627,101 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, const S
 // A prompt (T > 1): the forward and the pick on each sequence's last row as gpu_forward_impl runs a
 // forward (one graph once the shape and the sampler repeat), with no synchronisation between them;
 // greedy decoding offers the logits op the ids, as a decode step does. The tokens and the draws go
-// in together (upload_inputs).
+// in together (upload_inputs); the ids go to slot 0's tokens, the next step's.
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
                           Error *err) {
     int unused = 0, sampled = 0;
-    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? g->ids_dev : NULL, &sampled};
+    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? slot_tokens_dev(g, 0) : NULL, &sampled};
     if (upload_inputs(g, tokens, st.M, u, B, err)) return -1;
-    return run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err);
+    if (run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err)) return -1;
+    g->slot = 0;
+    return 0;
+}
+
+// Enqueues a decode step whose staging (slot g->slot) is written: the batch's graph for the slot,
+// captured on first use, or the ops one by one where the table cannot be replayed. The next step
+// takes the other slot, with this one's ids as its tokens.
+static int launch_step(GpuEngine *g, int B, int pos, const Sampler *smp, Error *err) {
+    int p = g->slot;
+    if (g->ops->device_position) {
+        DecodeGraph *dg = &g->graphs[2 * B + p];
+        if (!dg->exec || !same_pick(dg->pick, pick_key(smp)))
+            if (capture_decode(g, dg, B, pos, p, smp, err)) return -1;
+        CUDA_TRY(cudaGraphLaunch(dg->exec, g->s.stream));
+    } else if (enqueue_decode(g, B, pos, p, smp, 0, err)) {
+        return -1;
+    }
+    g->slot = 1 - p;
+    return 0;
 }
 
 static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
                       int *next, Error *err) {
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
+    if (refuse_if_queued(g, err)) return -1;
+    g->chain_B = 0;  // until this step's pick is made
     if (!device_sampling_supported(smp->temperature, smp->top_k, s->V)) return 0;
     if (check_step(s, tokens, B, T, pos, err)) return -1;
-    int mb = s->max_batch;
     if (T > 1) {
         if (enqueue_prompt(g, tokens, B, T, pos, smp, u, err)) return -1;
     } else {
-        g->io_host[0] = pos;
-        memcpy(g->io_host + 1, tokens, (size_t)B * sizeof(int));
-        memcpy(g->io_host + 1 + mb, u, (size_t)B * sizeof(float));
-        if (g->ops->device_position) {
-            DecodeGraph *dg = &g->graphs[B];
-            if (!dg->exec || !same_pick(dg->pick, pick_key(smp)))
-                if (capture_decode(g, dg, B, pos, smp, err)) return -1;
-            CUDA_TRY(cudaGraphLaunch(dg->exec, s->stream));
-        } else if (enqueue_decode(g, B, pos, smp, 0, err)) {
-            return -1;
-        }
+        int *io = slot_host(g, g->slot);
+        io[0] = pos;
+        memcpy(io + 1, tokens, (size_t)B * sizeof(int));
+        memcpy(io + 1 + s->max_batch, u, (size_t)B * sizeof(float));
+        if (launch_step(g, B, pos, smp, err)) return -1;
     }
     CUDA_TRY(cudaStreamSynchronize(s->stream));
-    memcpy(next, g->ids_host, (size_t)B * sizeof(int));
+    memcpy(next, slot_host(g, g->slot) + 1, (size_t)B * sizeof(int));
+    g->chain_B = B, g->chain_pos = pos + T;
     return 1;
+}
+
+// The step after the last pick, its tokens that pick's ids, already in the slot: only the position
+// and the draws go in from here.
+static int gpu_queue_step(Engine *e, int B, int pos, const Sampler *smp, const float *u, Error *err) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    GpuState *s = &g->s;
+    if (B != g->chain_B || pos != g->chain_pos || !device_sampling_supported(smp->temperature, smp->top_k, s->V))
+        return 0;
+    if (g->queued == 2) return fail(err, "two decode steps are queued already; wait for one first");
+    if (pos >= s->max_seq) return fail(err, "position %d is outside the context of %d", pos, s->max_seq);
+    int p = g->slot, *io = slot_host(g, p);
+    io[0] = pos;  // the tokens between them are the step before's, maybe being written now
+    memcpy(io + 1 + s->max_batch, u, (size_t)B * sizeof(float));
+    if (launch_step(g, B, pos, smp, err)) return -1;
+    CUDA_TRY(cudaEventRecord(g->step_done[p], s->stream));
+    g->queued++;
+    g->chain_pos = pos + 1;
+    return 1;
+}
+
+static int gpu_wait_step(Engine *e, int *next, Error *err) {
+    GpuEngine *g = (GpuEngine *)e->impl;
+    if (!g->queued) return fail(err, "no decode step is queued");
+    int p = (g->slot + g->queued) & 1;  // the oldest queued step's slot
+    CUDA_TRY(cudaEventSynchronize(g->step_done[p]));
+    memcpy(next, slot_host(g, 1 - p) + 1, (size_t)g->chain_B * sizeof(int));
+    g->queued--;
+    return 0;
 }
 
 extern "C" int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *ms, Error *err) {
     if (e->free != gpu_engine_destroy) return 0;
     GpuEngine *g = (GpuEngine *)e->impl;
-    if (B < 1 || B > g->s.max_batch || reps < 1 || !g->graphs[B].exec) return 0;
+    if (B < 1 || B > g->s.max_batch || reps < 1 || g->queued) return 0;
+    cudaGraphExec_t exec = g->graphs[2 * B + (1 - g->slot)].exec;  // the last step's
+    if (!exec) return 0;
     cudaStream_t stream = g->s.stream;
     cudaEvent_t ev[2] = {NULL, NULL};
     int rc = -1;
     float elapsed = 0;
     cudaError_t c = cudaEventCreate(&ev[0]);
     if (c == cudaSuccess) c = cudaEventCreate(&ev[1]);
-    if (c == cudaSuccess) c = cudaGraphLaunch(g->graphs[B].exec, stream);  // warm-up
+    if (c == cudaSuccess) c = cudaGraphLaunch(exec, stream);  // warm-up
     if (c == cudaSuccess) c = cudaEventRecord(ev[0], stream);
-    for (int r = 0; r < reps && c == cudaSuccess; r++) c = cudaGraphLaunch(g->graphs[B].exec, stream);
+    for (int r = 0; r < reps && c == cudaSuccess; r++) c = cudaGraphLaunch(exec, stream);
     if (c == cudaSuccess) c = cudaEventRecord(ev[1], stream);
     if (c == cudaSuccess) c = cudaEventSynchronize(ev[1]);
     if (c == cudaSuccess) c = cudaEventElapsedTime(&elapsed, ev[0], ev[1]);
@@ -724,14 +792,15 @@ static void gpu_engine_destroy(Engine *e) {
 #endif
         for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
         free(g->events);
-        for (int b = 0; g->graphs && b <= g->s.max_batch; b++)
-            if (g->graphs[b].exec) CUDA_WARN(cudaGraphExecDestroy(g->graphs[b].exec));
+        for (int i = 0; g->graphs && i < 2 * (g->s.max_batch + 1); i++)
+            if (g->graphs[i].exec) CUDA_WARN(cudaGraphExecDestroy(g->graphs[i].exec));
+        for (int p = 0; p < 2; p++)
+            if (g->step_done[p]) CUDA_WARN(cudaEventDestroy(g->step_done[p]));
         free(g->graphs);
         for (int i = 0; i < FORWARD_GRAPHS; i++)
             if (g->fwd[i].exec) CUDA_WARN(cudaGraphExecDestroy(g->fwd[i].exec));
         if (g->io_host) CUDA_WARN(cudaFreeHost(g->io_host));
         if (g->io_dev) CUDA_WARN(cudaFree(g->io_dev));
-        if (g->ids_host) CUDA_WARN(cudaFreeHost(g->ids_host));
         if (g->input_host) CUDA_WARN(cudaFreeHost(g->input_host));
         if (g->sampling_ws) CUDA_WARN(cudaFree(g->sampling_ws));
         if (g->s.cublas && cublasDestroy(g->s.cublas) != CUBLAS_STATUS_SUCCESS)
@@ -787,17 +856,17 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     if (!(s->lt = matmul_lt_create(kCublasWorkspaceBytes, err))) return -1;
 
     if (upload_weights(g, m, err) || alloc_cache(g, err) || alloc_acts(g, err)) return -1;
-    size_t io_bytes = (1 + 2 * (size_t)s->max_batch) * sizeof(int);
-    CUDA_TRY(cudaHostAlloc((void **)&g->io_host, io_bytes, cudaHostAllocDefault));
-    if (gpu_alloc((void **)&g->io_dev, io_bytes, "the decode staging area", err)) return -1;
-    CUDA_TRY(cudaHostAlloc((void **)&g->ids_host, (size_t)s->max_batch * sizeof(int), cudaHostAllocMapped));
-    CUDA_TRY(cudaHostGetDevicePointer((void **)&g->ids_dev, g->ids_host, 0));
+    g->io_ints = 1 + 2 * (size_t)s->max_batch;
+    CUDA_TRY(cudaHostAlloc((void **)&g->io_host, 2 * g->io_ints * sizeof(int), cudaHostAllocMapped));
+    CUDA_TRY(cudaHostGetDevicePointer((void **)&g->io_mapped, g->io_host, 0));
+    if (gpu_alloc((void **)&g->io_dev, g->io_ints * sizeof(int), "the decode staging area", err)) return -1;
+    for (int p = 0; p < 2; p++) CUDA_TRY(cudaEventCreateWithFlags(&g->step_done[p], cudaEventDisableTiming));
     CUDA_TRY(cudaHostAlloc((void **)&g->input_host, ((size_t)s->max_batch * s->max_seq + s->max_batch) * sizeof(int),
                            cudaHostAllocDefault));
     g->sampling_ws_bytes = sampling_workspace_size(s->max_batch, s->V);
     if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
     if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
-    g->graphs = (DecodeGraph *)xcalloc((size_t)s->max_batch + 1, sizeof(DecodeGraph));
+    g->graphs = (DecodeGraph *)xcalloc(2 * ((size_t)s->max_batch + 1), sizeof(DecodeGraph));
     const char *fwd_graphs = getenv("GPT2_FORWARD_GRAPH");
     g->fwd_graphs_on = !(fwd_graphs && !strcmp(fwd_graphs, "0"));
     CUDA_TRY(cudaStreamSynchronize(s->stream));
@@ -816,6 +885,8 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     e->max_seq = s->max_seq;
     e->forward = gpu_forward;
     e->decode = gpu_decode;
+    e->queue_step = gpu_queue_step;
+    e->wait_step = gpu_wait_step;
     e->free = gpu_engine_destroy;
     return 0;
 }

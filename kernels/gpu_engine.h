@@ -46,11 +46,11 @@ typedef struct {
 // Profiling synchronizes at the end of each forward (it does anyway) and costs an event per step.
 int gpu_engine_profile(Engine *e, GpuProfile *prof, Error *err);
 
-// The device time of one decode step alone, for ./gpt2 bench: the CUDA graph an earlier
-// engine_decode captured for batch B, replayed `reps` times back to back between CUDA events, so
-// the host's work between steps is left out. Each replay repeats that step (same position and
-// tokens: the cache slot is rewritten with the same values). 1 with *ms per step; 0 when there is
-// no such graph (another engine, or the reference path, which runs no graph); -1 on error.
+// The device time of one decode step alone, for ./gpt2 bench: the CUDA graph of the engine's last
+// decode step, at batch B, replayed `reps` times back to back between CUDA events, so the host's
+// work between steps is left out. Each replay repeats that step (same position and tokens: the
+// cache slot is rewritten with the same values). 1 with *ms per step; 0 when there is no such graph
+// (another engine, or the reference path, which runs no graph, or a step still queued); -1 on error.
 int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *ms, Error *err);
 
 // What the engine did with CUDA graphs, for tests: forwards of a repeated shape captured, and

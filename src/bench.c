@@ -476,12 +476,19 @@ static void run_forward(Bench *b, Engine *e, BenchPath path, DType dt, int B, in
     free(tokens), free(t);
 }
 
+static int every_step(void *user, const int *next) {
+    (void)user, (void)next;
+    return 0;
+}
+
 // A prompt of P tokens per sequence and the pick of the first new token (untimed), then N decode
-// steps (greedy, or --temp's sampler), each feeding the last step's tokens, timed as one run.
+// steps (greedy, or --temp's sampler), each feeding the last step's tokens, timed as one run: as
+// generation runs them (engine_decode_steps: on the GPU each step queued before the last one's
+// tokens reach the host).
 static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int P, int N, float *logits) {
     const BenchArgs *a = b->args;
     int V = b->model->config.vocab_size;
-    int *prompt = xmalloc((size_t)B * P * sizeof(int)), *cur = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
+    int *prompt = xmalloc((size_t)B * P * sizeof(int)), *first = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
     fill_tokens(prompt, (size_t)B * P, V, 3);
     Sampler smp;
     sampler_create(&smp, V, a->temperature, a->top_k, a->top_p, 1);
@@ -491,13 +498,9 @@ static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int
     for (int r = 0; r < warmup + a->runs; r++) {
         progress(b, r == 0, "%s %s decode batch %d, %d new: run %d/%d", path_names[path], dtype_name(dt), B, N, r + 1,
                  warmup + a->runs);
-        if (engine_decode(e, prompt, B, P, 0, &smp, logits, cur, &err)) die("%s", err.msg);
+        if (engine_decode(e, prompt, B, P, 0, &smp, logits, first, &err)) die("%s", err.msg);
         double t0 = timer_start(b);
-        for (int i = 0; i < N; i++) {
-            if (engine_decode(e, cur, B, 1, P + i, &smp, logits, next, &err)) die("%s", err.msg);
-            int *swap = cur;
-            cur = next, next = swap;
-        }
+        if (engine_decode_steps(e, first, B, P, N, &smp, logits, next, every_step, NULL, &err)) die("%s", err.msg);
         double ms = timer_stop(b, t0);
         if (r >= warmup) t[r - warmup] = ms;
     }
@@ -511,7 +514,7 @@ static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int
 #endif
     add_result(b, (Result){path, dt, "decode", B, P, N, ms / N, (double)B * N * 1e3 / ms, pct, bytes / N, device_ms});
     sampler_free(&smp);
-    free(prompt), free(cur), free(next), free(t);
+    free(prompt), free(first), free(next), free(t);
 }
 
 #ifdef GPT2_CUDA

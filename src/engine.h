@@ -42,6 +42,14 @@ struct Engine {
     // sample with these settings (the caller falls back), -1 on error.
     int (*decode)(Engine *e, const int *tokens, int B, int T, int pos, const Sampler *sampler, const float *u,
                   int *next, Error *err);
+    // Optional (NULL: not offered), decode steps queued ahead of their picks. queue_step feeds each of
+    // B sequences the token that the engine's last pick made for it, where that pick left it (the
+    // last decode's, at this B, whose tokens belong at pos), with draws u; it returns 1 when the step
+    // is queued, 0 when it cannot be (the caller runs decode instead), -1 on error. At most two
+    // steps are queued at once; wait_step waits for the oldest alone and writes its picks to next.
+    // Nothing else may run on the engine while a step is queued.
+    int (*queue_step)(Engine *e, int B, int pos, const Sampler *sampler, const float *u, Error *err);
+    int (*wait_step)(Engine *e, int *next, Error *err);
     void (*free)(Engine *e);
 };
 
@@ -56,6 +64,18 @@ void engine_free(Engine *e);
 // host scratch) and the host sampler.
 int engine_decode(Engine *e, const int *tokens, int B, int T, int pos, Sampler *sampler, float *logits, int *next,
                   Error *err);
+
+// What engine_decode_steps hands each step's picks to: next[B]; nonzero stops the steps.
+typedef int (*StepFn)(void *user, const int *next);
+
+// Up to n decode steps of B sequences at positions pos, pos + 1, ..., the first fed first[B] (the
+// picks of the engine_decode before it), each later one the step before's picks; on_step gets each
+// step's picks in order. Where the engine queues steps (queue_step), the step after the one whose
+// picks are being read is already queued, so the host's work and the launch hide behind the
+// device's (docs/PERF.md, "Session 51"); a step queued past a stop is run and its picks dropped.
+// Otherwise engine_decode step by step. The sampler's draws are the same either way.
+int engine_decode_steps(Engine *e, const int *first, int B, int pos, int n, Sampler *sampler, float *logits,
+                        int *next, StepFn on_step, void *user, Error *err);
 
 // The CPU engine (cpu_engine.c).
 Engine *cpu_engine_create(const GPT2Model *model, int max_batch, int max_seq, Error *err);

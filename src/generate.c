@@ -131,6 +131,28 @@ static void print_end(Printer *p) {
 // ----------------------------------------------------------------------------
 // Generation
 
+// The continuations as the steps arrive: each sequence's new tokens (the one that streams printed
+// as it comes), until it picks <|endoftext|> (unless ignored); the steps stop when none is live.
+typedef struct {
+    Printer *printer;
+    int B, max_new, live, eot, ignore_eos;
+    int *generated;    // [B, max_new + 1]
+    int *count, *done;  // [B]
+    int steps;
+} Continuations;
+
+static int take_step(void *user, const int *next) {
+    Continuations *c = user;
+    for (int b = 0; b < c->B; b++) {
+        if (c->done[b]) continue;
+        c->generated[(size_t)b * (c->max_new + 1) + c->count[b]++] = next[b];
+        if (c->B == 1 && (next[b] != c->eot || c->ignore_eos)) print_token(c->printer, next[b]);
+        if (next[b] == c->eot && !c->ignore_eos) c->done[b] = 1, c->live--;
+    }
+    c->steps++;
+    return c->live == 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     GenerateArgs a;
     parse_args(&a, argc, argv);
@@ -181,11 +203,9 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "engine: %s, %s, batch %d, context %d; seed %llu\n", engine->name, dtype_name(engine->dtype),
             a.batch, a.engine.max_seq, (unsigned long long)a.seed);
 
-    int B = a.batch, V = c->vocab_size, eot = tokenizer_eot(tok);
-    int *tokens = xmalloc((size_t)B * P * sizeof(int));  // B copies of the prompt, then one column per step
+    int B = a.batch, V = c->vocab_size;
+    int *tokens = xmalloc((size_t)B * P * sizeof(int));  // B copies of the prompt
     for (int b = 0; b < B; b++) memcpy(tokens + (size_t)b * P, prompt_ids, P * sizeof(int));
-    int *generated = xmalloc((size_t)B * (n_new + 1) * sizeof(int));
-    int *count = xcalloc(B, sizeof(int)), *done = xcalloc(B, sizeof(int));
     float *logits = xmalloc((size_t)B * V * sizeof(float));
     Sampler sampler;
     sampler_create(&sampler, V, a.temperature, a.top_k, a.top_p, a.seed);
@@ -197,21 +217,16 @@ int cmd_generate(int argc, char **argv) {
         for (int i = unconditional ? 1 : 0; i < P; i++) print_token(&printer, prompt_ids[i]);
 
     // The prefill gives the first new token; each decode step feeds the last one at the next position.
-    int *next = xmalloc(B * sizeof(int));
+    Continuations out = {.printer = &printer, .B = B, .max_new = n_new, .live = B, .eot = tokenizer_eot(tok),
+                         .ignore_eos = a.ignore_eos, .generated = xmalloc((size_t)B * (n_new + 1) * sizeof(int)),
+                         .count = xcalloc(B, sizeof(int)), .done = xcalloc(B, sizeof(int))};
+    int *first = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
     double t0 = now_ms();
-    if (n_new > 0 && engine_decode(engine, tokens, B, P, 0, &sampler, logits, next, &err)) die("%s", err.msg);
+    if (n_new > 0 && engine_decode(engine, tokens, B, P, 0, &sampler, logits, first, &err)) die("%s", err.msg);
     double t_prefill = now_ms() - t0;
-    int steps = 0, live = B;
-    for (int pos = P; steps < n_new && live > 0; pos++, steps++) {
-        if (steps > 0 && engine_decode(engine, tokens, B, 1, pos - 1, &sampler, logits, next, &err)) die("%s", err.msg);
-        for (int b = 0; b < B; b++) {
-            tokens[b] = next[b];  // the next step's input
-            if (done[b]) continue;
-            generated[(size_t)b * (n_new + 1) + count[b]++] = next[b];
-            if (B == 1 && (next[b] != eot || a.ignore_eos)) print_token(&printer, next[b]);
-            if (next[b] == eot && !a.ignore_eos) done[b] = 1, live--;
-        }
-    }
+    if (n_new > 0 && !take_step(&out, first) &&
+        engine_decode_steps(engine, first, B, P, n_new - 1, &sampler, logits, next, take_step, &out, &err))
+        die("%s", err.msg);
     double t_total = now_ms() - t0;
     if (B == 1) {
         print_end(&printer);
@@ -221,25 +236,26 @@ int cmd_generate(int argc, char **argv) {
             fflush(stderr);
             token_decoder_init(&printer.decoder);
             for (int i = unconditional ? 1 : 0; i < P; i++) print_token(&printer, prompt_ids[i]);
-            for (int i = 0; i < count[b]; i++) {
-                int id = generated[(size_t)b * (n_new + 1) + i];
-                if (id != eot || a.ignore_eos) print_token(&printer, id);
+            for (int i = 0; i < out.count[b]; i++) {
+                int id = out.generated[(size_t)b * (n_new + 1) + i];
+                if (id != out.eot || a.ignore_eos) print_token(&printer, id);
             }
             print_end(&printer);
         }
     }
 
-    if (clipped && live > 0)
+    if (clipped && out.live > 0)
         fprintf(stderr, "gpt2: stopped at the model's context length of %d tokens\n", maxT);
     double decode_ms = t_total - t_prefill;
-    int decode_steps = steps > 1 ? steps - 1 : 0;  // the first token comes from the prefill
+    int steps = out.steps, decode_steps = steps > 1 ? steps - 1 : 0;  // the first token comes from the prefill
     fprintf(stderr, "prompt: %d tokens, prefill %.2f ms\n", P, t_prefill);
     fprintf(stderr, "decode: %d steps x %d sequences in %.2f ms, %.1f tokens/s\n", decode_steps, B, decode_ms,
             decode_ms > 0 ? decode_steps * B * 1e3 / decode_ms : 0.0);
     fprintf(stderr, "total: %d new tokens in %.2f ms\n", steps * B, t_total);
 
     sampler_free(&sampler);
-    free(next), free(logits), free(count), free(done), free(generated), free(tokens), free(prompt_ids);
+    free(first), free(next), free(logits), free(out.count), free(out.done), free(out.generated), free(tokens);
+    free(prompt_ids);
     engine_free(engine);
     tokenizer_free(tok);
     gpt2_model_free(&model);

@@ -1,10 +1,10 @@
 // The GPU engine through the Engine API, on random models built in memory: the fused and reference
 // paths against the CPU engine, KV-cache decoding against one full forward (B = 1 and B > 1, fp32
 // and bf16, head sizes 32 and 64, contexts up to 1024; its prompts' last layers run on their last
-// rows only, so this checks that too), the fused path's graph-replayed,
-// device-sampled decode step, bf16 against fp32, the LayerNorm-folded
-// vectors, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips
-// without a GPU.
+// rows only, so this checks that too), the fused path's graph-replayed, device-sampled decode
+// step, decode steps queued ahead of their picks, bf16 against fp32, the LayerNorm-folded vectors,
+// the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips without a
+// GPU.
 #include <glob.h>
 #include <math.h>
 #include <string.h>
@@ -244,6 +244,75 @@ static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, in
     free(tok), free(ref), free(logits), free(col), free(next), free(first);
     engine_free(full);
     engine_free(inc);
+}
+
+// Generation's steps queued ahead of their picks (engine_decode_steps): the prompt's pick, then every
+// later step fed the one before's ids where its pick left them, against the same steps fed from the
+// host one at a time (engine_decode) on a second engine with the same sampler seed: every pick the
+// same. With top_k 0 and a temperature the device cannot sample, so nothing is queued and the steps
+// run one by one. Greedy runs also stop halfway (the step queued past the stop dropped) and go on
+// with one host-fed step, which must pick what the second engine picked there.
+typedef struct {
+    int *picks;  // [steps, B]
+    int B, steps, stop_after;
+} Recorded;
+
+static int record_step(void *user, const int *next) {
+    Recorded *r = user;
+    memcpy(r->picks + (size_t)r->steps * r->B, next, r->B * sizeof(int));
+    return ++r->steps == r->stop_after;
+}
+
+static void check_queued_steps(const GPT2Model *m, Backend backend, const char *tag, DType dt, int B, int T, int P,
+                               float temperature, int top_k) {
+    char name[160];
+    snprintf(name, sizeof(name), "gpu_%s_queued_steps_%s_%s_B%d_%s", path_name(backend), tag, dtype_name(dt), B,
+             temperature <= 0.0f ? "greedy" : top_k ? "top_k" : "host_sampler");
+    Error err;
+    int V = m->config.vocab_size, n = T - P;
+    Engine *q = make_engine(m, backend, dt, B, T, &err);
+    Engine *h = q ? make_engine(m, backend, dt, B, T, &err) : NULL;
+    if (!q || !h) {
+        CHECK(0, name, "engine_create: %s", err.msg);
+        engine_free(q);
+        return;
+    }
+    int *prompt = random_tokens(B * P, V, 31 + B), *first = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
+    int *want = xmalloc((size_t)n * B * sizeof(int));
+    float *logits = xmalloc((size_t)B * V * sizeof(float));
+    Recorded all = {xmalloc((size_t)n * B * sizeof(int)), B, 0, 0}, half = {xmalloc((size_t)n * B * sizeof(int)), B, 0, n / 2};
+    Sampler sq, sh;
+    sampler_create(&sq, V, temperature, top_k, 0.9f, 9);
+    sampler_create(&sh, V, temperature, top_k, 0.9f, 9);
+    // The host-fed steps.
+    int rc = engine_decode(h, prompt, B, P, 0, &sh, logits, first, &err);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        rc = engine_decode(h, i ? want + (size_t)(i - 1) * B : first, B, 1, P + i, &sh, logits, want + (size_t)i * B,
+                           &err);
+    }
+    // The queued ones, all n, then (greedy) half of them and one host-fed step after.
+    if (rc == 0) rc = engine_decode(q, prompt, B, P, 0, &sq, logits, first, &err);
+    if (rc == 0) rc = engine_decode_steps(q, first, B, P, n, &sq, logits, next, record_step, &all, &err);
+    int wrong = 0, after_stop = 0, greedy = temperature <= 0.0f;
+    for (int i = 0; rc == 0 && i < all.steps * B; i++) wrong += all.picks[i] != want[i];
+    if (rc == 0 && greedy) {
+        rc = engine_decode(q, prompt, B, P, 0, &sq, logits, first, &err);
+        if (rc == 0) rc = engine_decode_steps(q, first, B, P, n, &sq, logits, next, record_step, &half, &err);
+        for (int i = 0; rc == 0 && i < half.steps * B; i++) wrong += half.picks[i] != want[i];
+        if (rc == 0)
+            rc = engine_decode(q, half.picks + (size_t)(half.steps - 1) * B, B, 1, P + half.steps, &sq, logits, next,
+                               &err);
+        for (int b = 0; rc == 0 && b < B; b++) after_stop += next[b] != want[(size_t)half.steps * B + b];
+    }
+    if (rc) CHECK(0, name, "%s", err.msg);
+    else CHECK(all.steps == n && (!greedy || half.steps == n / 2) && wrong == 0 && after_stop == 0, name,
+               "%d of %d steps run (%d of %d when stopped halfway); %d picks differ from the host-fed steps', "
+               "%d after the stop",
+               all.steps, n, half.steps, n / 2, wrong, after_stop);
+    sampler_free(&sq), sampler_free(&sh);
+    free(prompt), free(first), free(next), free(want), free(logits), free(all.picks), free(half.picks);
+    engine_free(q);
+    engine_free(h);
 }
 
 // GPT2_GRAPH_DOT=PREFIX while one forward graph was captured: exactly one PREFIX.N.dot, naming the
@@ -541,6 +610,15 @@ int main(void) {
             if (i == 0) check_decode(&m, be, tag, 9, T, T / 3);
         }
         check_graph_decode(&m, tag, DTYPE_F32, 1, T, T / 3 > 0 ? T / 3 : 1);
+        if (i == 0) {
+            // Greedy at 1 row (the GEMV's pick in bf16 on Hopper) and 40 (logits_rows's), top-k on the
+            // device, the host's sampler, and the reference path (its steps enqueued, not replayed).
+            check_queued_steps(&m, BACKEND_GPU, tag, DTYPE_BF16, 1, T, T / 3, 0.0f, 40);
+            check_queued_steps(&m, BACKEND_GPU, tag, DTYPE_BF16, 40, T, T / 3, 0.0f, 40);
+            check_queued_steps(&m, BACKEND_GPU, tag, DTYPE_F32, 3, T, T / 3, 1.0f, 40);
+            check_queued_steps(&m, BACKEND_GPU, tag, DTYPE_F32, 2, T, T / 3, 1.0f, 0);
+            check_queued_steps(&m, BACKEND_GPU_REFERENCE, tag, DTYPE_F32, 2, T, T / 3, 0.0f, 40);
+        }
         // 20 rows: the projections on cuBLAS; qkv and fc on the fp32 rows kernel where it takes them
         // (its block fits, K a multiple of 4: "small"), else the LayerNorm kernel and cuBLAS ("odd", "tiny").
         check_graph_decode(&m, tag, DTYPE_F32, 20, T, T / 3 > 0 ? T / 3 : 1);
