@@ -99,6 +99,10 @@ typedef struct {
     // sampler need not run; it may then leave the logits unwritten (the step reads only the
     // tokens). NULL: the op writes only the logits.
     int *greedy_next, *greedy_written;
+    // What the next decode step reads, left on the device: its position at [0] (the embedding writes
+    // pos + T there) and each sequence's pick at [1 + b] (the logits op's greedy one, or the
+    // sampler's), so that a chained step needs no copy from the host (gpu_engine.cu). NULL: nowhere.
+    int *next_staging;
 } GpuStep;
 
 // Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.

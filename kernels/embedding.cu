@@ -28,13 +28,14 @@ template <typename T, bool LN, bool VEC>
 __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, const float *__restrict__ lnw,
                                  const float *__restrict__ lnb, const int *__restrict__ tokens,
                                  const T *__restrict__ wte, const T *__restrict__ wpe, int rows, int T_, int pos,
-                                 const int *__restrict__ pos_device, int C) {
+                                 const int *__restrict__ pos_device, int *__restrict__ next_pos, int C) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();  // kernels/pdl.cuh: the first layer's weights start streaming now
     pdl_wait();               // x may still be read by the previous step's last kernel
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
     if (pos_device) pos = *pos_device;  // a decode graph's position, set before each replay
+    if (next_pos && row == 0 && lane == 0) *next_pos = pos + T_;
+    if (row >= rows) return;
     const T *we = wte + (size_t)tokens[row] * C;
     const T *pe = wpe + (size_t)(pos + row % T_) * C;
     float *out = x + (size_t)row * C;
@@ -94,8 +95,8 @@ __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, cons
 }
 
 cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float *ln_b, const int *tokens,
-                              const void *wte, const void *wpe, int M, int T, int pos, const int *pos_device, int C,
-                              DType dt, cudaStream_t stream) {
+                              const void *wte, const void *wpe, int M, int T, int pos, const int *pos_device,
+                              int *next_pos, int C, DType dt, cudaStream_t stream) {
     // The LayerNorm kernel's blocks: 2 warps (rows) up to 256 rows, so that a decode step's rows
     // spread over more SMs, 4 above.
     const int threads = M <= 256 ? 64 : 128;
@@ -108,16 +109,16 @@ cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float
     DISPATCH_DTYPE(dt, E, {
         if (ln && vec)
             e = launch_pdl(embedding_kernel<E, true, true>, dim3(blocks), dim3(threads), 0, stream, x, (E *)ln, ln_w,
-                           ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
+                           ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, next_pos, C);
         else if (ln)
             e = launch_pdl(embedding_kernel<E, true, false>, dim3(blocks), dim3(threads), 0, stream, x, (E *)ln, ln_w,
-                           ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
+                           ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, next_pos, C);
         else if (vec)
             e = launch_pdl(embedding_kernel<E, false, true>, dim3(blocks), dim3(threads), 0, stream, x, (E *)NULL,
-                           ln_w, ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
+                           ln_w, ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, next_pos, C);
         else
             e = launch_pdl(embedding_kernel<E, false, false>, dim3(blocks), dim3(threads), 0, stream, x, (E *)NULL,
-                           ln_w, ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, C);
+                           ln_w, ln_b, tokens, (const E *)wte, (const E *)wpe, M, T, pos, pos_device, next_pos, C);
     });
     return e;
 }

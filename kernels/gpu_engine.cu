@@ -26,8 +26,9 @@ typedef struct {
     int top_k;
 } PickKey;
 
-// A decode step captured as a CUDA graph for one batch size, staging slot and the sampler settings
-// it bakes in; the position, tokens and draws reach it through the slot.
+// A decode step captured as a CUDA graph for one batch size, staging slot and kind (fed from the
+// host, or chained to the step before) and the sampler settings it bakes in; the position, tokens
+// and draws reach it through the slot.
 typedef struct {
     cudaGraphExec_t exec;
     PickKey pick;
@@ -55,27 +56,31 @@ typedef struct {
     GpuProfile *prof;                   // gpu_engine_profile: where forwards add their times
     cudaEvent_t *events;                // 5L + 4 step boundaries, created on first use
     int nevents;
-    // Decode steps (gpu_decode, gpu_queue_step) go through two staging slots of pinned host memory,
-    // mapped into the device's address space, each laid out [pos | tokens[max_batch] |
-    // draws[max_batch] (float bits)] and copied to io_dev in one copy before the model. A step in
-    // slot p picks its ids straight into slot 1 - p's tokens through the mapping (a prompt's pick
-    // into slot 0's): the host reads them there, and the next step, in slot 1 - p, copies them in
-    // as its tokens. So no copy node ends a step (against one: decode B = 1 +3.0%, B = 64 +1.9% on
-    // an H200, docs/PERF.md "Session 39"), and a step can be queued before the last one's ids reach
-    // the host (engine_decode_steps; "Session 51").
-    int *io_host, *io_mapped, *io_dev;  // io_host and io_mapped: the two slots, io_ints apart
+    // Decode steps (gpu_decode, gpu_queue_step) alternate between two staging slots, each laid out
+    // [pos | tokens[max_batch] | draws[max_batch] (float bits)], once in pinned host memory mapped
+    // into the device's address space (io_host, io_mapped) and once in device memory (io_dev). A
+    // step in slot p reads its position and tokens from device slot p and its draws from host slot p,
+    // and leaves the next step's inputs in slot 1 - p: the embedding the position (device), the pick
+    // each sequence's id (device, and host through the mapping, where the host reads it). A prompt's
+    // pick does the same into slot 0. So a step chained to the one before needs nothing from the host
+    // but its draws, already in host memory; a step fed from the host (gpu_decode) copies its
+    // position and tokens in first. No copy node ends a step (one cost decode B = 1 3.0%, B = 64
+    // 1.9% on an H200: docs/PERF.md "Session 39"), none starts a chained one (~2 us a step: "Session
+    // 51"), and a step can be queued before the last one's ids reach the host (engine_decode_steps).
+    int *io_host, *io_mapped, *io_dev;  // each two slots, io_ints apart
     size_t io_ints;
-    int slot;                           // the next decode step's slot: the last pick wrote its tokens
-    int chain_B, chain_pos;             // that pick's batch (0: none; the host picked last) and its tokens' position
+    int slot;                           // the next decode step's slot: the last pick wrote its inputs
+    int chain_B, chain_pos;             // that pick's batch (0: none; the host picked last) and the next position
     int queued;                         // steps gpu_queue_step queued that gpu_wait_step has not waited for (0-2)
     cudaEvent_t step_done[2];           // recorded after each queued step, by slot
+    cudaGraphExec_t last_step;          // the last decode step's graph (gpu_engine_time_decode_graph)
     // A forward's or a prompt's inputs (upload_inputs): pinned [max_batch * max_seq tokens | max_batch
     // draws], copied to s->tokens in one copy; from the caller's pageable tokens and the staging
     // area's draws it took two, ~2.4 us more a prompt on an H200 (docs/PERF.md, "Session 39").
     int *input_host;
     void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
     size_t sampling_ws_bytes;
-    DecodeGraph *graphs;                // [max_batch + 1][2]: one per batch size and slot, captured on first use
+    DecodeGraph *graphs;                // [max_batch + 1][slot][fed, chained]: captured on first use
     ForwardGraph fwd[FORWARD_GRAPHS];   // forwards of repeated shapes (fused table; GPT2_FORWARD_GRAPH=0: none)
     int fwd_graphs_on;
     unsigned long long forwards;        // forward calls so far (the forward graphs' clock)
@@ -395,12 +400,13 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
     const BlockOps *ops = g->ops;
     cudaStream_t stream = s->stream;
     const int last_only = !all_positions && st->T > 1;
-    const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written};
+    const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written,
+                          st->next_staging};
     const GpuStep *rest = st;  // the step after the attention: `last` in a last_only step's last layer
     const GpuLayer *first = &s->layers[0];
     void *ln1 = ops->embedding_writes_ln1 && ops->embedding_writes_ln1(s, st) ? s->ln : NULL;
     CUDA_TRY(embedding_forward(s->x, ln1, first->ln1w, first->ln1b, tokens_dev, s->wte, s->wpe, st->M, st->T, st->pos,
-                               st->pos_device, s->C, s->dtype, stream));
+                               st->pos_device, st->next_staging, s->C, s->dtype, stream));
     MARK();
     for (int l = -1; l < s->L; l++) {
         if (l >= 0) {
@@ -436,19 +442,19 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 // ----------------------------------------------------------------------------
 // The pick of the next tokens (decode steps and prompts)
 
-// Slot p's staging in host memory, and the device address of its tokens (where the pick before it
-// writes them).
+// Slot p's staging: in host memory, the same through the device's mapping of it, in device memory.
 static int *slot_host(GpuEngine *g, int p) { return g->io_host + (size_t)p * g->io_ints; }
-static int *slot_tokens_dev(GpuEngine *g, int p) { return g->io_mapped + (size_t)p * g->io_ints + 1; }
+static int *slot_mapped(GpuEngine *g, int p) { return g->io_mapped + (size_t)p * g->io_ints; }
+static int *slot_dev(GpuEngine *g, int p) { return g->io_dev + (size_t)p * g->io_ints; }
 
-// The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`),
-// with the draws already on the device, the ids into picks (a slot's tokens, in host memory).
-static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, const float *draws, int *picks,
-                        Error *err) {
+// The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`):
+// the ids into slot q's tokens, host (mapped) and device, the step's `next` staging.
+static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, const float *draws, int q, Error *err) {
     GpuState *s = &g->s;
     if (!sampled)
         CUDA_TRY(sample_on_device(s->logits, s->V, s->logits_ld, B, smp->temperature, smp->top_k, smp->top_p, draws,
-                                  picks, g->sampling_ws, g->sampling_ws_bytes, s->stream));
+                                  slot_mapped(g, q) + 1, slot_dev(g, q) + 1, g->sampling_ws, g->sampling_ws_bytes,
+                                  s->stream));
     return 0;
 }
 
@@ -519,9 +525,7 @@ static int end_capture(cudaStream_t stream, int rc, cudaGraphExec_t *exec, Error
 static int enqueue_forward(GpuEngine *g, const GpuStep *st, int all_positions, const Sampler *smp, int profile,
                            int *ev, GpuTraceFn trace, void *user, Error *err) {
     if (enqueue_model(g, st, g->s.tokens, all_positions, profile, ev, trace, user, err)) return -1;
-    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, (const float *)(g->s.tokens + st->M),
-                              slot_tokens_dev(g, 0), err)
-               : 0;
+    return smp ? enqueue_pick(g, st->B, smp, *st->greedy_written, (const float *)(g->s.tokens + st->M), 0, err) : 0;
 }
 
 // A forward's M tokens (and a prompt's B draws after them, u non-NULL) into s->tokens, one copy.
@@ -566,7 +570,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuState *s = &g->s;
     if (refuse_if_queued(g, err) || check_step(s, tokens, B, T, pos, err)) return -1;
     g->chain_B = 0;  // the next tokens come from the host (engine_decode's sampler)
-    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL};
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL, NULL};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
@@ -598,27 +602,32 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
 // Decode: one token per sequence, sampled on the device, replayed as a CUDA graph; and the
 // prompt's first new token, sampled on the device after its forward
 
-// The step in slot p as enqueued work: the slot's staging in, the model at T = 1, the sampler (the
-// ids straight into slot 1 - p's tokens, in host memory). Greedy decoding offers the logits op the
-// ids (GpuStep.greedy_next).
-static int enqueue_decode(GpuEngine *g, int B, int pos, int p, const Sampler *smp, int in_graph, Error *err) {
+// The step in slot p as enqueued work: fed, a copy of the host slot's position and tokens in (a
+// chained step finds them in the device slot already); the model at T = 1; the sampler, its draws
+// read from the host slot. Its ids, and the embedding's next position, go to slot 1 - p. Greedy
+// decoding offers the logits op the ids (GpuStep.greedy_next).
+static int enqueue_decode(GpuEngine *g, int B, int pos, int p, int chained, const Sampler *smp, int in_graph,
+                          Error *err) {
     GpuState *s = &g->s;
-    int mb = s->max_batch, unused = 0, sampled = 0;
-    int *picks = slot_tokens_dev(g, 1 - p);
-    CUDA_TRY(cudaMemcpyAsync(g->io_dev, slot_host(g, p), g->io_ints * sizeof(int), cudaMemcpyHostToDevice, s->stream));
-    GpuStep st = {B, 1, pos, B, in_graph ? g->io_dev : NULL, smp->temperature <= 0.0f ? picks : NULL, &sampled};
-    if (enqueue_model(g, &st, g->io_dev + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
-    return enqueue_pick(g, B, smp, sampled, (const float *)(g->io_dev + 1 + mb), picks, err);
+    int unused = 0, sampled = 0, *in = slot_dev(g, p);
+    if (!chained)
+        CUDA_TRY(cudaMemcpyAsync(in, slot_host(g, p), (1 + (size_t)B) * sizeof(int), cudaMemcpyHostToDevice,
+                                 s->stream));
+    GpuStep st = {B,   1, pos, B, in_graph ? in : NULL, smp->temperature <= 0.0f ? slot_mapped(g, 1 - p) + 1 : NULL,
+                  &sampled, slot_dev(g, 1 - p)};
+    if (enqueue_model(g, &st, in + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
+    return enqueue_pick(g, B, smp, sampled, (const float *)(slot_mapped(g, p) + 1 + s->max_batch), 1 - p, err);
 }
 
-// Captures the decode step for batch B in slot p with these sampler settings (replacing an older
-// capture).
-static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, int p, const Sampler *smp, Error *err) {
+// Captures that step for batch B (replacing an older capture).
+static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, int p, int chained, const Sampler *smp,
+                          Error *err) {
     cudaStream_t stream = g->s.stream;
+    if (g->last_step == dg->exec) g->last_step = NULL;
     if (dg->exec) CUDA_TRY(cudaGraphExecDestroy(dg->exec));
     dg->exec = NULL;
     CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    int rc = enqueue_decode(g, B, pos, p, smp, 1, err);
+    int rc = enqueue_decode(g, B, pos, p, chained, smp, 1, err);
     rc = end_capture(stream, rc, &dg->exec, err);
     *dg = (DecodeGraph){rc == 0 ? dg->exec : NULL, pick_key(smp)};
     return rc;
@@ -627,28 +636,30 @@ static int capture_decode(GpuEngine *g, DecodeGraph *dg, int B, int pos, int p, 
 // A prompt (T > 1): the forward and the pick on each sequence's last row as gpu_forward_impl runs a
 // forward (one graph once the shape and the sampler repeat), with no synchronisation between them;
 // greedy decoding offers the logits op the ids, as a decode step does. The tokens and the draws go
-// in together (upload_inputs); the ids go to slot 0's tokens, the next step's.
+// in together (upload_inputs); the ids and the next position go to slot 0, the next step's.
 static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos, const Sampler *smp, const float *u,
                           Error *err) {
     int unused = 0, sampled = 0;
-    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? slot_tokens_dev(g, 0) : NULL, &sampled};
+    GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? slot_mapped(g, 0) + 1 : NULL, &sampled,
+                  slot_dev(g, 0)};
     if (upload_inputs(g, tokens, st.M, u, B, err)) return -1;
     if (run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err)) return -1;
     g->slot = 0;
     return 0;
 }
 
-// Enqueues a decode step whose staging (slot g->slot) is written: the batch's graph for the slot,
-// captured on first use, or the ops one by one where the table cannot be replayed. The next step
-// takes the other slot, with this one's ids as its tokens.
-static int launch_step(GpuEngine *g, int B, int pos, const Sampler *smp, Error *err) {
+// Enqueues a decode step whose host staging (slot g->slot) is written: the graph for its batch,
+// slot and kind, captured on first use, or the ops one by one where the table cannot be replayed.
+// The next step takes the other slot.
+static int launch_step(GpuEngine *g, int B, int pos, int chained, const Sampler *smp, Error *err) {
     int p = g->slot;
     if (g->ops->device_position) {
-        DecodeGraph *dg = &g->graphs[2 * B + p];
+        DecodeGraph *dg = &g->graphs[(2 * B + p) * 2 + chained];
         if (!dg->exec || !same_pick(dg->pick, pick_key(smp)))
-            if (capture_decode(g, dg, B, pos, p, smp, err)) return -1;
+            if (capture_decode(g, dg, B, pos, p, chained, smp, err)) return -1;
         CUDA_TRY(cudaGraphLaunch(dg->exec, g->s.stream));
-    } else if (enqueue_decode(g, B, pos, p, smp, 0, err)) {
+        g->last_step = dg->exec;
+    } else if (enqueue_decode(g, B, pos, p, chained, smp, 0, err)) {
         return -1;
     }
     g->slot = 1 - p;
@@ -670,7 +681,7 @@ static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const
         io[0] = pos;
         memcpy(io + 1, tokens, (size_t)B * sizeof(int));
         memcpy(io + 1 + s->max_batch, u, (size_t)B * sizeof(float));
-        if (launch_step(g, B, pos, smp, err)) return -1;
+        if (launch_step(g, B, pos, 0, smp, err)) return -1;
     }
     CUDA_TRY(cudaStreamSynchronize(s->stream));
     memcpy(next, slot_host(g, g->slot) + 1, (size_t)B * sizeof(int));
@@ -678,8 +689,8 @@ static int gpu_decode(Engine *e, const int *tokens, int B, int T, int pos, const
     return 1;
 }
 
-// The step after the last pick, its tokens that pick's ids, already in the slot: only the position
-// and the draws go in from here.
+// The step after the last pick, chained to it: its position and tokens are in the device slot
+// already, so only its draws go in, into host memory.
 static int gpu_queue_step(Engine *e, int B, int pos, const Sampler *smp, const float *u, Error *err) {
     GpuEngine *g = (GpuEngine *)e->impl;
     GpuState *s = &g->s;
@@ -687,10 +698,9 @@ static int gpu_queue_step(Engine *e, int B, int pos, const Sampler *smp, const f
         return 0;
     if (g->queued == 2) return fail(err, "two decode steps are queued already; wait for one first");
     if (pos >= s->max_seq) return fail(err, "position %d is outside the context of %d", pos, s->max_seq);
-    int p = g->slot, *io = slot_host(g, p);
-    io[0] = pos;  // the tokens between them are the step before's, maybe being written now
-    memcpy(io + 1 + s->max_batch, u, (size_t)B * sizeof(float));
-    if (launch_step(g, B, pos, smp, err)) return -1;
+    int p = g->slot;
+    memcpy(slot_host(g, p) + 1 + s->max_batch, u, (size_t)B * sizeof(float));
+    if (launch_step(g, B, pos, 1, smp, err)) return -1;
     CUDA_TRY(cudaEventRecord(g->step_done[p], s->stream));
     g->queued++;
     g->chain_pos = pos + 1;
@@ -711,8 +721,8 @@ extern "C" int gpu_engine_time_decode_graph(Engine *e, int B, int reps, double *
     if (e->free != gpu_engine_destroy) return 0;
     GpuEngine *g = (GpuEngine *)e->impl;
     if (B < 1 || B > g->s.max_batch || reps < 1 || g->queued) return 0;
-    cudaGraphExec_t exec = g->graphs[2 * B + (1 - g->slot)].exec;  // the last step's
-    if (!exec) return 0;
+    cudaGraphExec_t exec = g->last_step;
+    if (!exec || g->chain_B != B) return 0;
     cudaStream_t stream = g->s.stream;
     cudaEvent_t ev[2] = {NULL, NULL};
     int rc = -1;
@@ -792,7 +802,7 @@ static void gpu_engine_destroy(Engine *e) {
 #endif
         for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
         free(g->events);
-        for (int i = 0; g->graphs && i < 2 * (g->s.max_batch + 1); i++)
+        for (int i = 0; g->graphs && i < 4 * (g->s.max_batch + 1); i++)
             if (g->graphs[i].exec) CUDA_WARN(cudaGraphExecDestroy(g->graphs[i].exec));
         for (int p = 0; p < 2; p++)
             if (g->step_done[p]) CUDA_WARN(cudaEventDestroy(g->step_done[p]));
@@ -859,14 +869,14 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     g->io_ints = 1 + 2 * (size_t)s->max_batch;
     CUDA_TRY(cudaHostAlloc((void **)&g->io_host, 2 * g->io_ints * sizeof(int), cudaHostAllocMapped));
     CUDA_TRY(cudaHostGetDevicePointer((void **)&g->io_mapped, g->io_host, 0));
-    if (gpu_alloc((void **)&g->io_dev, g->io_ints * sizeof(int), "the decode staging area", err)) return -1;
+    if (gpu_alloc((void **)&g->io_dev, 2 * g->io_ints * sizeof(int), "the decode staging area", err)) return -1;
     for (int p = 0; p < 2; p++) CUDA_TRY(cudaEventCreateWithFlags(&g->step_done[p], cudaEventDisableTiming));
     CUDA_TRY(cudaHostAlloc((void **)&g->input_host, ((size_t)s->max_batch * s->max_seq + s->max_batch) * sizeof(int),
                            cudaHostAllocDefault));
     g->sampling_ws_bytes = sampling_workspace_size(s->max_batch, s->V);
     if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
     if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
-    g->graphs = (DecodeGraph *)xcalloc(2 * ((size_t)s->max_batch + 1), sizeof(DecodeGraph));
+    g->graphs = (DecodeGraph *)xcalloc(4 * ((size_t)s->max_batch + 1), sizeof(DecodeGraph));
     const char *fwd_graphs = getenv("GPT2_FORWARD_GRAPH");
     g->fwd_graphs_on = !(fwd_graphs && !strcmp(fwd_graphs, "0"));
     CUDA_TRY(cudaStreamSynchronize(s->stream));

@@ -26,7 +26,9 @@ __device__ void greedy_publish(const LogitsGreedy &g, const unsigned long long *
     if (*ticket_slot != gridDim.x - 1) return;
     for (int t = tid; t < rows; t += threads) {
         const unsigned long long b = __ldcg(&g.best[row0 + t]);
-        g.next[row0 + t] = b ? rank_id(b) : 0;  // none: every logit -inf or NaN
+        const int id = b ? rank_id(b) : 0;  // none: every logit -inf or NaN
+        g.next[row0 + t] = id;
+        if (g.next_copy) g.next_copy[row0 + t] = id;
         g.best[row0 + t] = 0ull;
     }
     if (tid == 0) *g.ticket = 0u;

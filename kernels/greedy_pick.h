@@ -13,4 +13,5 @@ typedef struct {
     unsigned long long *best;  // [M] (device, 8-byte aligned)
     unsigned *ticket;          // (device)
     int ids_only;              // 1: y is left as it was
+    int *next_copy;            // [M] (device), or NULL: the ids again (a decode step's next tokens)
 } LogitsGreedy;

@@ -346,7 +346,11 @@ static int fused_mlp_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static const LogitsGreedy *logits_greedy(const GpuState *s, const GpuStep *st, int all_positions, LogitsGreedy *g) {
     if (!st->greedy_next || all_positions || st->B > GREEDY_ROWS) return NULL;
     const FusedWorkspace w = fused_workspace(s);
-    *g = (LogitsGreedy){st->greedy_next, w.greedy_best, (unsigned *)(w.greedy_best + GREEDY_ROWS), 1};
+    *g = (LogitsGreedy){.next = st->greedy_next,
+                        .best = w.greedy_best,
+                        .ticket = (unsigned *)(w.greedy_best + GREEDY_ROWS),
+                        .ids_only = 1,
+                        .next_copy = st->next_staging ? st->next_staging + 1 : NULL};
     *st->greedy_written = 1;
     return g;
 }

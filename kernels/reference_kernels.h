@@ -10,9 +10,11 @@
 
 // embedding.cu: x[b*T + t] = wte[tokens[b*T + t]] + wpe[pos + t], fp32 [M, C]; unless ln is NULL,
 // also ln = LayerNorm(x) * ln_w + ln_b (dtype [M, C], as layernorm_forward's), in the same kernel.
+// pos from *pos_device unless it is NULL; unless next_pos is NULL, *next_pos = pos + T (the next
+// decode step's position).
 cudaError_t embedding_forward(float *x, void *ln, const float *ln_w, const float *ln_b, const int *tokens,
-                              const void *wte, const void *wpe, int M, int T, int pos, const int *pos_device, int C,
-                              DType dt, cudaStream_t stream);
+                              const void *wte, const void *wpe, int M, int T, int pos, const int *pos_device,
+                              int *next_pos, int C, DType dt, cudaStream_t stream);
 
 // last_rows.cu: x[b] = x[b*T + T-1] and atty[b] = atty[b*T + T-1] for b < B, in place (T > 1): each
 // sequence's last row to the front, for the rest of a prompt's last layer (gpu_engine.cu). x fp32

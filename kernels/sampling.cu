@@ -98,7 +98,7 @@ __device__ __forceinline__ Best warp_best(Best v) {
 // Row workspace: [counter | the S blocks' (key, id)].
 __global__ void __launch_bounds__(kThreads)
     greedy_kernel(const float *__restrict__ logits, int V, long long stride, int chunk, int splits,
-                  uint2 *__restrict__ ws, long long ws_row, int *__restrict__ next) {
+                  uint2 *__restrict__ ws, long long ws_row, int *__restrict__ next, int *__restrict__ next_copy) {
     __shared__ Best warp_part[kWarps];
     __shared__ unsigned ticket;
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
@@ -127,7 +127,10 @@ __global__ void __launch_bounds__(kThreads)
             part = Best{c.x, (int)c.y};
         }
         part = warp_best(part);
-        if (tid == 0) next[b] = part.id;
+        if (tid == 0) {
+            next[b] = part.id;
+            if (next_copy) next_copy[b] = part.id;
+        }
     }
 }
 
@@ -256,7 +259,7 @@ __device__ int first_index(const float *prefix, int n, Pred pred) {
 }
 
 // From the row's k candidates in pk.key / pk.id (visible to all threads): next = the pick.
-__device__ void pick(PickShared &pk, int k, float temperature, float top_p, float u, int *next) {
+__device__ void pick(PickShared &pk, int k, float temperature, float top_p, float u, int *next, int *next_copy) {
     const int c = threadIdx.x;
     const bool mine = c < k;
     const unsigned key = mine ? pk.key[c] : 0u;
@@ -309,7 +312,10 @@ __device__ void pick(PickShared &pk, int k, float temperature, float top_p, floa
     const int kept = 1 + first_index(prefix, k, [&](float sum) { return sum >= nucleus; });
     const float r = u * prefix[kept - 1];
     const int at = first_index(prefix, kept, [&](float sum) { return r < sum; });  // none: rounding left r at the top
-    if (c == 0) *next = pk.ranked_id[at];
+    if (c == 0) {
+        *next = pk.ranked_id[at];
+        if (next_copy) *next_copy = pk.ranked_id[at];
+    }
 }
 
 // Row workspace: [counter | candidates]: block s writes its chunk's per_chunk = min(k, C) best at
@@ -319,12 +325,14 @@ template <int KPT>
 __global__ void __launch_bounds__(kThreads)
     top_k_kernel(const float *__restrict__ logits, int V, long long stride, int chunk, int splits, float temperature,
                  int top_k, float top_p, const float *__restrict__ uniforms, uint2 *__restrict__ ws, long long ws_row,
-                 int *__restrict__ next) {
+                 int *__restrict__ next, int *__restrict__ next_copy) {
     __shared__ SelectShared sh;
     __shared__ PickShared pk;
     __shared__ unsigned ticket;
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     pdl_launch_dependents();
+    // The draw before the wait: no kernel writes it, and it may be in host memory (a decode step's).
+    const float u = uniforms[blockIdx.y];
     pdl_wait();
     const int b = blockIdx.y, s = blockIdx.x, tid = threadIdx.x;
     const float *row = logits + b * stride;
@@ -363,7 +371,7 @@ __global__ void __launch_bounds__(kThreads)
         pk.key[slot] = rank_logit_key(rk[j]);
         pk.id[slot] = rank_id(rk[j]);
     });
-    pick(pk, top_k, temperature, top_p, uniforms[b], &next[b]);
+    pick(pk, top_k, temperature, top_p, u, &next[b], next_copy ? &next_copy[b] : NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -399,7 +407,8 @@ extern "C" size_t sampling_workspace_size(int max_batch, int vocab_size) {
 
 extern "C" cudaError_t sample_on_device(const float *logits, int vocab_size, long long row_stride, int B,
                                         float temperature, int top_k, float top_p, const float *uniforms,
-                                        int *next, void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+                                        int *next, int *next_copy, void *workspace, size_t workspace_bytes,
+                                        cudaStream_t stream) {
     if (B < 1 || !workspace || !device_sampling_supported(temperature, top_k, vocab_size) ||
         workspace_bytes < sampling_workspace_size(B, vocab_size))
         return cudaErrorInvalidValue;
@@ -410,11 +419,11 @@ extern "C" cudaError_t sample_on_device(const float *logits, int vocab_size, lon
     uint2 *ws = static_cast<uint2 *>(workspace);
     if (greedy)
         return launch_pdl(greedy_kernel, grid, block, 0, stream, logits, V, row_stride, chunk, splits, ws,
-                          kRowEntries, next);
+                          kRowEntries, next, next_copy);
     // Rank keys a thread holds: the larger of the chunk and the merge's candidates, over the block.
     const int per_thread = ceil_div(std::max(chunk, splits * std::min(top_k, chunk)), kThreads);
     auto kernel = per_thread <= 4 ? top_k_kernel<4> : per_thread <= 8 ? top_k_kernel<8>
                 : per_thread <= 16 ? top_k_kernel<16> : top_k_kernel<kMaxPerThread>;
     return launch_pdl(kernel, grid, block, 0, stream, logits, V, row_stride, chunk, splits, temperature, top_k,
-                      top_p, uniforms, ws, kRowEntries, next);
+                      top_p, uniforms, ws, kRowEntries, next, next_copy);
 }

@@ -27,14 +27,15 @@ int device_sampling_supported(float temperature, int top_k, int vocab_size);
 // a CUDA graph and replayed. One call at a time per workspace.
 size_t sampling_workspace_size(int max_batch, int vocab_size);
 
-// next[b] (device) from logits[b * row_stride + i], i < vocab_size (device, fp32), with
-// uniforms[b] (device) in [0, 1), b < B. workspace: at least sampling_workspace_size(B, vocab_size)
+// next[b] (device), and next_copy[b] too unless it is NULL, from logits[b * row_stride + i],
+// i < vocab_size (device, fp32), with uniforms[b] in [0, 1), b < B (device, or mapped host memory:
+// read before the kernel waits on the one before it). workspace: at least sampling_workspace_size(B, vocab_size)
 // bytes, zeroed once. Enqueued on stream (with programmatic dependent launch where the device has
 // it: see pdl.cuh); returns the launch's error, or cudaErrorInvalidValue for unsupported settings
 // or a workspace too small.
 cudaError_t sample_on_device(const float *logits, int vocab_size, long long row_stride, int B, float temperature,
-                             int top_k, float top_p, const float *uniforms, int *next, void *workspace,
-                             size_t workspace_bytes, cudaStream_t stream);
+                             int top_k, float top_p, const float *uniforms, int *next, int *next_copy,
+                             void *workspace, size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -696,7 +696,7 @@ static void enqueue_logits_rows(void *p, int set) {
 }
 // Greedy's pick by the device sampler's kernel, after the logits.
 static void enqueue_sampler(const LogitsBench *b) {
-    CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, b->sampling_ws, b->sampling_ws_bytes,
+    CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, NULL, b->sampling_ws, b->sampling_ws_bytes,
                         stream));
 }
 static void enqueue_logits_rows_sampler(void *p, int set) {
@@ -753,7 +753,7 @@ static void bench_logits(int M) {
     CK(cudaMalloc((void **)&b.next, (size_t)M * 4 + (M + 1) * 8));
     CK(cudaMemsetAsync(b.sampling_ws, 0, b.sampling_ws_bytes, stream));
     CK(cudaMemsetAsync(b.next, 0, (size_t)M * 4 + (M + 1) * 8, stream));
-    b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0};
+    b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0, NULL};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const int gemv = M <= 4;
     const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_gemv};

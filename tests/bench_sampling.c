@@ -272,7 +272,7 @@ typedef struct {
 } Case;
 
 static void run_new(Case *c) {
-    CK(sample_on_device(c->logits, V, V, c->B, c->set.temperature, c->set.top_k, c->set.top_p, c->u, c->next, c->ws,
+    CK(sample_on_device(c->logits, V, V, c->B, c->set.temperature, c->set.top_k, c->set.top_p, c->u, c->next, NULL, c->ws,
                         c->ws_bytes, c->st));
 }
 

@@ -299,7 +299,7 @@ static void run_ln_case(const LnCase *c) {
         char *dws = c->greedy ? dev_upload(NULL, best_at + (size_t)(M + 1) * 8) : NULL;
         LogitsGreedy greedy = {0};
         if (dws) {
-            greedy = (LogitsGreedy){(int *)dws, (unsigned long long *)(dws + best_at), NULL, 0};
+            greedy = (LogitsGreedy){(int *)dws, (unsigned long long *)(dws + best_at), NULL, 0, NULL};
             greedy.ticket = (unsigned *)(greedy.best + M);
             cuda_ok(cudaMemset(dws, 0xff, (size_t)M * 4), "poison");
             cuda_ok(cudaMemset(greedy.best, 0, (size_t)(M + 1) * 8), "zero");
@@ -324,24 +324,28 @@ static void run_ln_case(const LnCase *c) {
                 picks_ok &= next[m] == first && (c->greedy != 2 || first == 5);
             }
             for (int i = 0; i <= M; i++) picks_ok &= ws[i] == 0;
-            // Again asking only for the ids (a decode step's call): the same ids, y left as it was.
+            // Again asking only for the ids (a decode step's call), twice: the same ids, y left as it was.
             LogitsGreedy ids_only = greedy;
             ids_only.ids_only = 1;
+            ids_only.next_copy = dev_upload(NULL, (size_t)M * 4);
             cuda_ok(cudaMemset(dy, 0xff, ny * ysz), "poison");
             cuda_ok(cudaMemset(dws, 0xff, (size_t)M * 4), "poison");
+            cuda_ok(cudaMemset(ids_only.next_copy, 0xff, (size_t)M * 4), "poison");
             const int rc2 = fused_ln_linear_ex(dx, ldx, dg, dW, c->wt, ds, db, dy, ldy, c->yt, M, N, K, c->act, NULL,
                                                &ids_only, c->path, 0);
             cuda_ok(cudaDeviceSynchronize(), name);
             float *y2 = download(dy, ny, c->yt);
-            int *again = xmalloc((size_t)M * sizeof(int));
+            int *again = xmalloc((size_t)M * sizeof(int)), *copied = xmalloc((size_t)M * sizeof(int));
             cuda_ok(cudaMemcpy(again, greedy.next, (size_t)M * 4, cudaMemcpyDeviceToHost), "download");
+            cuda_ok(cudaMemcpy(copied, ids_only.next_copy, (size_t)M * 4, cudaMemcpyDeviceToHost), "download");
             cuda_ok(cudaMemcpy(ws, greedy.best, (size_t)(M + 1) * 8, cudaMemcpyDeviceToHost), "download");
             picks_ok &= rc2 == 0;
             for (size_t i = 0; i < ny; i++) picks_ok &= isnan(y2[i]);
-            for (int m = 0; m < M; m++) picks_ok &= again[m] == next[m];
+            for (int m = 0; m < M; m++) picks_ok &= again[m] == next[m] && copied[m] == next[m];
             for (int i = 0; i <= M; i++) picks_ok &= ws[i] == 0;
             if (!picks_ok) printf("  %s: row 0 picked %d, with ids only %d\n", name, next[0], again[0]);
-            free(next), free(ws), free(y2), free(again);
+            free(next), free(ws), free(y2), free(again), free(copied);
+            cudaFree(ids_only.next_copy);
         }
         free(yfull);
         cudaFree(dy), cudaFree(dws);
@@ -619,7 +623,7 @@ static void test_bad_args(void) {
     // The cluster GEMV takes the LayerNorm ops only.
     int e7 = linear_residual_ex(d, d, DTYPE_BF16, d, d, 8, 8, 8, LINEAR_PATH_CLUSTER, 0);
     // Greedy's pick: the GEMV's fp32 output without GELU only.
-    const LogitsGreedy g = {(int *)d, (unsigned long long *)d + 8, (unsigned *)d + 32, 0};
+    const LogitsGreedy g = {(int *)d, (unsigned long long *)d + 8, (unsigned *)d + 32, 0, NULL};
     int e8 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_BF16, 2, 8, 8, ACT_NONE, NULL, &g,
                                 LINEAR_PATH_GEMV, 0);
     int e9 = fused_ln_linear_ex(d, 8, d, d, DTYPE_BF16, d, d, d, 8, DTYPE_F32, 2, 8, 8, ACT_GELU, NULL, &g,

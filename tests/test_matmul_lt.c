@@ -755,7 +755,8 @@ static void test_logits_rows(void) {
         void *bb[6];
         int *next = dev_buf((size_t)(M + 130) * 8, 0, &bb[5]);
         cuda_ok(cudaMemsetAsync(next, 0, (size_t)(M + 130) * 8, stream), "greedy workspace");
-        const LogitsGreedy greedy = {next, (unsigned long long *)(next + 64), (unsigned *)(next + 64 + 2 * M), 0};
+        const LogitsGreedy greedy = {next, (unsigned long long *)(next + 64), (unsigned *)(next + 64 + 2 * M), 0, NULL};
+        int *copy = next + 64 + 2 * M + 4;  // [M]: the ids' second copy (a decode step's next tokens)
         uint16_t *x = dev_buf((size_t)M * ldx * 2, 0, &bb[0]), *xc = dev_buf((size_t)M * K * 2, 0, &bb[1]);
         uint16_t *W = dev_buf((size_t)N * K * 2, 0, &bb[2]);
         float *y = dev_buf((size_t)M * ldy * 4, 0, &bb[3]), *y_ref = dev_buf((size_t)M * N * 4, 0, &bb[4]);
@@ -780,21 +781,24 @@ static void test_logits_rows(void) {
             }
             const Cmp c = compare(got, want, (size_t)M * N);
             const double tol = 1e-5, tol_max = 1e-4;
-            int hnext[64], again[64];
+            int hnext[64], again[64], copied[64];
             cuda_ok(cudaMemcpy(hnext, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
             const int wrong = greedy_wrong(hnext, got, M, N), dirty = greedy_ws_dirty(greedy.best, M);
-            // Again asking only for the ids (a decode step's call): the same ids, y left as it was.
+            // Again asking only for the ids (a decode step's call), twice: the same ids, y left as it was.
             LogitsGreedy ids_only = greedy;
             ids_only.ids_only = 1;
+            ids_only.next_copy = copy;
             cuda_ok(cudaMemsetAsync(next, 0xff, (size_t)M * sizeof(int), stream), "poison");
+            cuda_ok(cudaMemsetAsync(copy, 0xff, (size_t)M * sizeof(int), stream), "poison");
             cuda_ok(cudaMemsetAsync(y, 0xff, (size_t)M * ldy * 4, stream), "poison");
             const cudaError_t e2 = logits_rows(y, ldy, x, ldx, W, M, N, K, &ids_only, stream);
             cuda_ok(cudaStreamSynchronize(stream), name);
             float *y2 = download(y, (size_t)M * ldy, DTYPE_F32);
             cuda_ok(cudaMemcpy(again, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
+            cuda_ok(cudaMemcpy(copied, copy, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
             long long y_written = 0, ids_differ = 0;
             for (size_t i = 0; i < (size_t)M * ldy; i++) y_written += !isnan(y2[i]);
-            for (int t = 0; t < M; t++) ids_differ += again[t] != hnext[t];
+            for (int t = 0; t < M; t++) ids_differ += again[t] != hnext[t] || copied[t] != hnext[t];
             const int dirty2 = greedy_ws_dirty(greedy.best, M);
             CHECK(c.unwritten == 0 && padding_written == 0 && c.rel_l2 <= tol && c.max_rel <= tol_max && !wrong &&
                       !dirty && e2 == cudaSuccess && y_written == 0 && ids_differ == 0 && !dirty2,
@@ -813,7 +817,7 @@ static void test_logits_rows(void) {
     // off 16 bytes, ldy < N, a greedy pick without its workspace.
     void *base;
     float *d = dev_buf(1 << 22, 0, &base);
-    const LogitsGreedy no_best = {(int *)d, NULL, (unsigned *)d, 0};
+    const LogitsGreedy no_best = {(int *)d, NULL, (unsigned *)d, 0, NULL};
     const cudaError_t e[6] = {
         logits_rows(d, 64, d, 64, d, 0, 64, 64, NULL, stream),
         logits_rows(d, 64, d, 64, d, 65, 64, 64, NULL, stream),
@@ -845,7 +849,7 @@ static void test_logits_rows_greedy_ties(void) {
         hx[k] = 0.5f, hx[K + k] = -0.5f, hW[7 * K + k] = hW[1500 * K + k] = hW[2999 * K + k] = 0.25f;
     upload(x, hx, (size_t)M * K, DTYPE_BF16), upload(W, hW, (size_t)N * K, DTYPE_BF16);
     cuda_ok(cudaMemsetAsync(ws, 0, 512, stream), "greedy workspace");
-    const LogitsGreedy greedy = {ws, (unsigned long long *)(ws + 64), (unsigned *)(ws + 64 + 2 * M), 0};
+    const LogitsGreedy greedy = {ws, (unsigned long long *)(ws + 64), (unsigned *)(ws + 64 + 2 * M), 0, NULL};
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < 3 && e == cudaSuccess; i++) e = logits_rows(y, N, x, K, W, M, N, K, &greedy, stream);
     cuda_ok(cudaStreamSynchronize(stream), "greedy ties");

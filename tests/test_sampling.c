@@ -96,10 +96,10 @@ static void device_api_tests(void) {
           "sampling_workspace_size", "1 row %zu bytes, 64 rows %zu", one, many);
     float f[4];  // never read: each call below is refused before it launches anything
     int n[4];
-    CHECK(sample_on_device(f, 50257, 50257, 2, 1.0f, 40, 1.0f, f, n, f, sampling_workspace_size(2, 50257) - 1,
-                           0) == cudaErrorInvalidValue &&
-              sample_on_device(f, 50257, 50257, 1, 1.0f, 257, 1.0f, f, n, f, one, 0) == cudaErrorInvalidValue &&
-              sample_on_device(f, 50257, 50257, 1, 1.0f, 40, 1.0f, f, n, NULL, one, 0) == cudaErrorInvalidValue,
+    CHECK(sample_on_device(f, 50257, 50257, 2, 1.0f, 40, 1.0f, f, n, NULL, f,
+                           sampling_workspace_size(2, 50257) - 1, 0) == cudaErrorInvalidValue &&
+              sample_on_device(f, 50257, 50257, 1, 1.0f, 257, 1.0f, f, n, NULL, f, one, 0) == cudaErrorInvalidValue &&
+              sample_on_device(f, 50257, 50257, 1, 1.0f, 40, 1.0f, f, n, NULL, NULL, one, 0) == cudaErrorInvalidValue,
           "device_sampling_refuses", "a small workspace, top_k 257 or no workspace was accepted");
 }
 
@@ -108,7 +108,7 @@ static void device_api_tests(void) {
 enum { MAX_B = 64, MAX_V = 50257 };
 typedef struct {
     float *logits, *u;
-    int *next;
+    int *next, *copy;  // the picks, and the second copy the engine takes for its next step's tokens
     void *ws;
     size_t ws_bytes;
     cudaStream_t stream;
@@ -120,13 +120,14 @@ static void device_open(Device *d) {
     d->failed |= cudaMalloc((void **)&d->logits, (size_t)MAX_B * MAX_V * sizeof(float)) != cudaSuccess;
     d->failed |= cudaMalloc((void **)&d->u, MAX_B * sizeof(float)) != cudaSuccess;
     d->failed |= cudaMalloc((void **)&d->next, MAX_B * sizeof(int)) != cudaSuccess;
+    d->failed |= cudaMalloc((void **)&d->copy, MAX_B * sizeof(int)) != cudaSuccess;
     d->failed |= cudaMalloc(&d->ws, d->ws_bytes) != cudaSuccess;
     d->failed |= cudaMemset(d->ws, 0, d->ws_bytes) != cudaSuccess;
     d->failed |= cudaStreamCreate(&d->stream) != cudaSuccess;
 }
 
 static void device_close(Device *d) {
-    cudaFree(d->logits), cudaFree(d->u), cudaFree(d->next), cudaFree(d->ws);
+    cudaFree(d->logits), cudaFree(d->u), cudaFree(d->next), cudaFree(d->copy), cudaFree(d->ws);
     cudaStreamDestroy(d->stream);
 }
 
@@ -134,29 +135,33 @@ static void upload(Device *d, const float *logits, const float *u, int B, int V)
     d->failed |= cudaMemcpy(d->logits, logits, (size_t)B * V * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess;
     d->failed |= cudaMemcpy(d->u, u, B * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess;
     d->failed |= cudaMemset(d->next, 0xff, B * sizeof(int)) != cudaSuccess;
+    d->failed |= cudaMemset(d->copy, 0xff, B * sizeof(int)) != cudaSuccess;
 }
 
-// The rows whose device pick (in d->next) differs from the host sampler's for the same draw.
+// The rows whose device pick (in d->next) differs from the host sampler's for the same draw, and
+// with `copied` those whose second copy (d->copy) differs from it.
 static int host_disagrees(Device *d, const float *logits, const float *u, int B, int V, float temperature, int top_k,
-                          float top_p) {
-    int next[MAX_B];
+                          float top_p, int copied) {
+    int next[MAX_B], copy[MAX_B];
     d->failed |= cudaStreamSynchronize(d->stream) != cudaSuccess;
     d->failed |= cudaMemcpy(next, d->next, B * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess;
+    d->failed |= cudaMemcpy(copy, d->copy, B * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess;
     Sampler host;
     sampler_create(&host, V, temperature, top_k, top_p, 1);
     int bad = 0;
-    for (int b = 0; b < B; b++) bad += next[b] != sampler_pick(&host, logits + (size_t)b * V, u[b]);
+    for (int b = 0; b < B; b++)
+        bad += next[b] != sampler_pick(&host, logits + (size_t)b * V, u[b]) || (copied && copy[b] != next[b]);
     sampler_free(&host);
     return bad;
 }
 
-// One device call on B rows of V logits: the rows that disagree with the host.
+// One device call on B rows of V logits, the picks copied too: the rows that disagree with the host.
 static int disagreements(Device *d, const float *logits, const float *u, int B, int V, float temperature, int top_k,
                          float top_p) {
     upload(d, logits, u, B, V);
-    d->failed |= sample_on_device(d->logits, V, V, B, temperature, top_k, top_p, d->u, d->next, d->ws, d->ws_bytes,
-                                  d->stream) != cudaSuccess;
-    return host_disagrees(d, logits, u, B, V, temperature, top_k, top_p);
+    d->failed |= sample_on_device(d->logits, V, V, B, temperature, top_k, top_p, d->u, d->next, d->copy, d->ws,
+                                  d->ws_bytes, d->stream) != cudaSuccess;
+    return host_disagrees(d, logits, u, B, V, temperature, top_k, top_p, 1);
 }
 
 static void random_rows(float *logits, int B, int V, float scale, uint64_t *rng) {
@@ -323,11 +328,11 @@ static void repeat_tests(Device *d, float *logits) {
     upload(d, logits, u, B, V);
     int bad = 0;
     for (int call = 0; call < 3; call++) {
-        d->failed |= sample_on_device(d->logits, V, V, B, 0.9f, 40, 0.9f, d->u, d->next, d->ws, d->ws_bytes,
+        d->failed |= sample_on_device(d->logits, V, V, B, 0.9f, 40, 0.9f, d->u, d->next, NULL, d->ws, d->ws_bytes,
                                       d->stream) != cudaSuccess;
-        d->failed |= sample_on_device(d->logits, V, V, B, 0.9f, 40, 0.9f, d->u, d->next, d->ws, d->ws_bytes,
+        d->failed |= sample_on_device(d->logits, V, V, B, 0.9f, 40, 0.9f, d->u, d->next, NULL, d->ws, d->ws_bytes,
                                       d->stream) != cudaSuccess;
-        bad += host_disagrees(d, logits, u, B, V, 0.9f, 40, 0.9f);
+        bad += host_disagrees(d, logits, u, B, V, 0.9f, 40, 0.9f, 0);
     }
     CHECK(bad <= 1, "device_sampling_back_to_back", "%d picks differ", bad);
 
@@ -337,7 +342,7 @@ static void repeat_tests(Device *d, float *logits) {
         cudaGraph_t graph = NULL;
         cudaGraphExec_t exec = NULL;
         d->failed |= cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess;
-        d->failed |= sample_on_device(d->logits, V, V, B, temperatures[t], 40, 0.9f, d->u, d->next, d->ws,
+        d->failed |= sample_on_device(d->logits, V, V, B, temperatures[t], 40, 0.9f, d->u, d->next, NULL, d->ws,
                                       d->ws_bytes, d->stream) != cudaSuccess;
         d->failed |= cudaStreamEndCapture(d->stream, &graph) != cudaSuccess;
         d->failed |= cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess;
@@ -346,7 +351,7 @@ static void repeat_tests(Device *d, float *logits) {
             for (int b = 0; b < B; b++) u[b] = frand(&rng);
             upload(d, logits, u, B, V);
             d->failed |= cudaGraphLaunch(exec, d->stream) != cudaSuccess;
-            bad += host_disagrees(d, logits, u, B, V, temperatures[t], 40, 0.9f);
+            bad += host_disagrees(d, logits, u, B, V, temperatures[t], 40, 0.9f, 0);
         }
         if (exec) cudaGraphExecDestroy(exec);
         if (graph) cudaGraphDestroy(graph);
