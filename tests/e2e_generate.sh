@@ -15,6 +15,10 @@ case "$out" in "Hello world"?*) pass generate_streams_prompt_then_text ;;
 ids=$(g -p "Hello world" -n 8 --temp 0 --ids 2>/dev/null)
 [ "$(echo "$ids" | cut -d' ' -f1-2)" = "15496 995" ] && [ "$(echo "$ids" | wc -w)" -eq 10 ]; check generate_ids_prompt_then_8_new $? "got '$ids'"
 [ "$(g -p "Hello world" -n 8 --temp 0 --ids 2>/dev/null)" = "$ids" ]; check generate_greedy_deterministic $? "two greedy runs differ"
+# The decode loop (engine_decode_steps) against PyTorch: greedy, a full forward per new token.
+want=$($PY scripts/check_hf_generate.py --builtin -m "$m" --tokens "15496 995" -n 16 2>"$dir/torch.err")
+got=$(g -p "Hello world" -n 16 --temp 0 --ignore-eos --ids 2>/dev/null | xargs)
+[ -n "$want" ] && [ "$got" = "$want" ]; check generate_greedy_equals_pytorch $? "ours: $got | PyTorch: $want $(head -c 300 "$dir/torch.err")"
 a=$(g -p "The" -n 12 -s 42 --ids 2>/dev/null); b=$(g -p "The" -n 12 -s 42 --ids 2>/dev/null); c=$(g -p "The" -n 12 -s 43 --ids 2>/dev/null)
 [ "$a" = "$b" ] && [ "$a" != "$c" ]; check generate_seed_reproducible $? "seed 42: '$a' / '$b'; seed 43: '$c'"
 [ "$(g -p "" -n 5 --temp 0 --ids 2>/dev/null | wc -w)" -eq 5 ]; check generate_unconditional $? "empty prompt should give 5 new ids"
