@@ -85,6 +85,16 @@ struct LnIn {
 constexpr int LN_MAX_K = 1024;
 constexpr float LN_EPS = 1e-5f;
 constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : 8; }
+
+// f(std::integral_constant<int, VPL>) for K's VPL: the one place the run-time K picks an
+// instantiation.
+template <typename F> auto with_vpl(int K, F &&f) {
+    switch (ln_vpl(K)) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    default: return f(std::integral_constant<int, 8>{});
+    }
+}
 constexpr int LN_THREADS = 2 * THREADS;  // gemm_rows_ln's block: two warpgroups stage, the first multiplies
 constexpr int LN_WARPS = LN_THREADS / 32;
 
@@ -625,11 +635,7 @@ cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W
 
 template <int EPI>
 cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
-    switch (ln_vpl(K)) {
-    case 2: return launch_ln_rows<EPI, 2>(rb, out, ln, W, M, N, K, stream);
-    case 6: return launch_ln_rows<EPI, 6>(rb, out, ln, W, M, N, K, stream);
-    default: return launch_ln_rows<EPI, 8>(rb, out, ln, W, M, N, K, stream);
-    }
+    return with_vpl(K, [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, out, ln, W, M, N, K, stream); });
 }
 
 // gemm_rows_fold's tile and cluster: 32 rows a block (64 lost 14-25% at 64 rows), and clusters of 8
@@ -651,11 +657,7 @@ template <int VPL> int fold_cluster_vpl(int M, int N, int K) {
 }
 
 int fold_cluster(int M, int N, int K) {
-    switch (ln_vpl(K)) {
-    case 2: return fold_cluster_vpl<2>(M, N, K);
-    case 6: return fold_cluster_vpl<6>(M, N, K);
-    default: return fold_cluster_vpl<8>(M, N, K);
-    }
+    return with_vpl(K, [&](auto vpl) { return fold_cluster_vpl<vpl.value>(M, N, K); });
 }
 
 template <int EPI, int VPL>
@@ -668,11 +670,7 @@ cudaError_t launch_fold_vpl(int cn, const Out &out, const void *copy, const LnIn
 template <int EPI>
 cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N, int K,
                         cudaStream_t stream) {
-    switch (ln_vpl(K)) {
-    case 2: return launch_fold_vpl<EPI, 2>(cn, out, copy, x, W, M, N, K, stream);
-    case 6: return launch_fold_vpl<EPI, 6>(cn, out, copy, x, W, M, N, K, stream);
-    default: return launch_fold_vpl<EPI, 8>(cn, out, copy, x, W, M, N, K, stream);
-    }
+    return with_vpl(K, [&](auto vpl) { return launch_fold_vpl<EPI, vpl.value>(cn, out, copy, x, W, M, N, K, stream); });
 }
 
 }  // namespace

@@ -56,18 +56,19 @@ typedef struct {
     GpuProfile *prof;                   // gpu_engine_profile: where forwards add their times
     cudaEvent_t *events;                // 5L + 4 step boundaries, created on first use
     int nevents;
-    // Decode steps (gpu_decode, gpu_queue_step) alternate between two staging slots, each laid out
-    // [pos | tokens[max_batch] | draws[max_batch] (float bits)], once in pinned host memory mapped
-    // into the device's address space (io_host, io_mapped) and once in device memory (io_dev). A
-    // step in slot p reads its position and tokens from device slot p and its draws from host slot p,
-    // and leaves the next step's inputs in slot 1 - p: the embedding the position (device), the pick
-    // each sequence's id (device, and host through the mapping, where the host reads it). A prompt's
-    // pick does the same into slot 0. So a step chained to the one before needs nothing from the host
-    // but its draws, already in host memory; a step fed from the host (gpu_decode) copies its
-    // position and tokens in first. No copy node ends a step (one cost decode B = 1 3.0%, B = 64
-    // 1.9% on an H200: docs/PERF.md "Session 39"), none starts a chained one (~2 us a step: "Session
-    // 51"), and a step can be queued before the last one's ids reach the host (engine_decode_steps).
-    int *io_host, *io_mapped, *io_dev;  // each two slots, io_ints apart
+    // Decode steps (gpu_decode, gpu_queue_step) alternate between two staging slots. On the host
+    // each is [pos | tokens[max_batch] | draws[max_batch] (float bits)], in pinned memory mapped into
+    // the device's address space (io_host, io_mapped); on the device [pos | tokens[max_batch]]
+    // (io_dev). A step in slot p reads its position and tokens from device slot p and its draws from
+    // host slot p, and leaves the next step's inputs in slot 1 - p: the embedding the position
+    // (device), the pick each sequence's id (device, and host through the mapping, where the host
+    // reads it). A prompt's pick does the same into slot 0. So a step chained to the one before needs
+    // nothing from the host but its draws, already in host memory; a step fed from the host
+    // (gpu_decode) copies its position and tokens in first. No copy node ends a step (one cost
+    // decode B = 1 3.0%, B = 64 1.9% on an H200: docs/PERF.md "Session 39"), none starts a chained
+    // one (~2 us a step: "Session 51"), and a step can be queued before the last one's ids reach the
+    // host (engine_decode_steps).
+    int *io_host, *io_mapped, *io_dev;  // each two slots: io_ints apart on the host, 1 + max_batch on the device
     size_t io_ints;
     int slot;                           // the next decode step's slot: the last pick wrote its inputs
     int chain_B, chain_pos;             // that pick's batch (0: none; the host picked last) and the next position
@@ -445,7 +446,7 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
 // Slot p's staging: in host memory, the same through the device's mapping of it, in device memory.
 static int *slot_host(GpuEngine *g, int p) { return g->io_host + (size_t)p * g->io_ints; }
 static int *slot_mapped(GpuEngine *g, int p) { return g->io_mapped + (size_t)p * g->io_ints; }
-static int *slot_dev(GpuEngine *g, int p) { return g->io_dev + (size_t)p * g->io_ints; }
+static int *slot_dev(GpuEngine *g, int p) { return g->io_dev + (size_t)p * (1 + g->s.max_batch); }
 
 // The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`):
 // the ids into slot q's tokens, host (mapped) and device, the step's `next` staging.
@@ -613,8 +614,8 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, int p, int chained, cons
     if (!chained)
         CUDA_TRY(cudaMemcpyAsync(in, slot_host(g, p), (1 + (size_t)B) * sizeof(int), cudaMemcpyHostToDevice,
                                  s->stream));
-    GpuStep st = {B,   1, pos, B, in_graph ? in : NULL, smp->temperature <= 0.0f ? slot_mapped(g, 1 - p) + 1 : NULL,
-                  &sampled, slot_dev(g, 1 - p)};
+    int *picks = smp->temperature <= 0.0f ? slot_mapped(g, 1 - p) + 1 : NULL;
+    GpuStep st = {B, 1, pos, B, in_graph ? in : NULL, picks, &sampled, slot_dev(g, 1 - p)};
     if (enqueue_model(g, &st, in + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
     return enqueue_pick(g, B, smp, sampled, (const float *)(slot_mapped(g, p) + 1 + s->max_batch), 1 - p, err);
 }
@@ -869,7 +870,8 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     g->io_ints = 1 + 2 * (size_t)s->max_batch;
     CUDA_TRY(cudaHostAlloc((void **)&g->io_host, 2 * g->io_ints * sizeof(int), cudaHostAllocMapped));
     CUDA_TRY(cudaHostGetDevicePointer((void **)&g->io_mapped, g->io_host, 0));
-    if (gpu_alloc((void **)&g->io_dev, 2 * g->io_ints * sizeof(int), "the decode staging area", err)) return -1;
+    if (gpu_alloc((void **)&g->io_dev, 2 * (1 + (size_t)s->max_batch) * sizeof(int), "the decode staging area", err))
+        return -1;
     for (int p = 0; p < 2; p++) CUDA_TRY(cudaEventCreateWithFlags(&g->step_done[p], cudaEventDisableTiming));
     CUDA_TRY(cudaHostAlloc((void **)&g->input_host, ((size_t)s->max_batch * s->max_seq + s->max_batch) * sizeof(int),
                            cudaHostAllocDefault));

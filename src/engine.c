@@ -98,7 +98,8 @@ int engine_decode_steps(Engine *e, const int *first, int B, int pos, int n, Samp
                 int rc = e->queue_step(e, B, pos + i + 1, sampler, u, err);
                 if (rc != 1) {
                     if (rc == 0)
-                        fail(err, "%s engine: the decode step at position %d could not be queued", e->name, pos + i + 1);
+                        fail(err, "%s engine: the decode step at position %d could not be queued", e->name,
+                             pos + i + 1);
                     Error ignored;
                     e->wait_step(e, spare, &ignored);  // step i: the engine is left with nothing queued
                     return -1;

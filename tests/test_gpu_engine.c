@@ -280,7 +280,8 @@ static void check_queued_steps(const GPT2Model *m, Backend backend, const char *
     int *prompt = random_tokens(B * P, V, 31 + B), *first = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
     int *want = xmalloc((size_t)n * B * sizeof(int));
     float *logits = xmalloc((size_t)B * V * sizeof(float));
-    Recorded all = {xmalloc((size_t)n * B * sizeof(int)), B, 0, 0}, half = {xmalloc((size_t)n * B * sizeof(int)), B, 0, n / 2};
+    Recorded all = {xmalloc((size_t)n * B * sizeof(int)), B, 0, 0};
+    Recorded half = {xmalloc((size_t)n * B * sizeof(int)), B, 0, n / 2};
     Sampler sq, sh;
     sampler_create(&sq, V, temperature, top_k, 0.9f, 9);
     sampler_create(&sh, V, temperature, top_k, 0.9f, 9);
