@@ -99,6 +99,19 @@ static Engine *make_engine(const GPT2Model *m, Backend backend, DType dt, int ma
     return engine_create(m, &opt, err);
 }
 
+// The two engines a check compares, the second built only when the first was: 1, or 0 with the
+// check failed and neither kept.
+static int make_engines(const GPT2Model *m, const char *name, Backend b0, DType d0, Backend b1, DType d1, int B, int T,
+                        Engine **e0, Engine **e1) {
+    Error err;
+    *e0 = make_engine(m, b0, d0, B, T, &err);
+    *e1 = *e0 ? make_engine(m, b1, d1, B, T, &err) : NULL;
+    if (*e1) return 1;
+    CHECK(0, name, "engine_create: %s", err.msg);
+    engine_free(*e0);
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // Checks, per model shape
 
@@ -116,13 +129,8 @@ static void check_against_cpu(const GPT2Model *m, Backend backend, const char *t
     snprintf(name, sizeof(name), "gpu_%s_%s_%s_vs_cpu", path_name(backend), tag, dtype_name(gpu_dtype));
     Error err;
     int V = m->config.vocab_size;
-    Engine *g = make_engine(m, backend, gpu_dtype, B, T, &err);
-    Engine *c = g ? make_engine(m, BACKEND_CPU, DTYPE_F32, B, T, &err) : NULL;
-    if (!g || !c) {
-        CHECK(0, name, "engine_create: %s", err.msg);
-        engine_free(g);
-        return;
-    }
+    Engine *g, *c;
+    if (!make_engines(m, name, backend, gpu_dtype, BACKEND_CPU, DTYPE_F32, B, T, &g, &c)) return;
     int *tok = random_tokens(B * T, V, 5);
     float *lg = xmalloc((size_t)B * T * V * sizeof(float)), *lc = xmalloc((size_t)B * T * V * sizeof(float));
     int rc = g->forward(g, tok, B, T, 0, lg, 1, &err);
@@ -148,13 +156,8 @@ static void check_decode_dt(const GPT2Model *m, Backend backend, const char *tag
     snprintf(name, sizeof(name), "gpu_%s_kv_decode_%s_%s_B%d", path_name(backend), tag, dtype_name(dt), B);
     Error err;
     int V = m->config.vocab_size;
-    Engine *full = make_engine(m, backend, dt, B, T, &err);
-    Engine *inc = full ? make_engine(m, backend, dt, B, T, &err) : NULL;
-    if (!full || !inc) {
-        CHECK(0, name, "engine_create: %s", err.msg);
-        engine_free(full);
-        return;
-    }
+    Engine *full, *inc;
+    if (!make_engines(m, name, backend, dt, backend, dt, B, T, &full, &inc)) return;
     int *tok = random_tokens(B * T, V, 11 + B);
     float *ref = xmalloc((size_t)B * T * V * sizeof(float));
     float *step = xmalloc((size_t)B * T * V * sizeof(float));
@@ -194,13 +197,8 @@ static void check_graph_decode(const GPT2Model *m, const char *tag, DType dt, in
     snprintf(name, sizeof(name), "gpu_fused_graph_decode_%s_%s_B%d", tag, dtype_name(dt), B);
     Error err;
     int V = m->config.vocab_size;
-    Engine *full = make_engine(m, BACKEND_GPU, dt, B, T, &err);
-    Engine *inc = full ? make_engine(m, BACKEND_GPU, dt, B, T, &err) : NULL;
-    if (!full || !inc) {
-        CHECK(0, name, "engine_create: %s", err.msg);
-        engine_free(full);
-        return;
-    }
+    Engine *full, *inc;
+    if (!make_engines(m, name, BACKEND_GPU, dt, BACKEND_GPU, dt, B, T, &full, &inc)) return;
     int *tok = random_tokens(B * T, V, 23 + B);
     float *ref = xmalloc((size_t)B * T * V * sizeof(float)), *logits = xmalloc((size_t)B * V * sizeof(float));
     int *col = xmalloc((size_t)B * P * sizeof(int)), *next = xmalloc(B * sizeof(int));
@@ -270,13 +268,8 @@ static void check_queued_steps(const GPT2Model *m, Backend backend, const char *
              temperature <= 0.0f ? "greedy" : top_k ? "top_k" : "host_sampler");
     Error err;
     int V = m->config.vocab_size, n = T - P;
-    Engine *q = make_engine(m, backend, dt, B, T, &err);
-    Engine *h = q ? make_engine(m, backend, dt, B, T, &err) : NULL;
-    if (!q || !h) {
-        CHECK(0, name, "engine_create: %s", err.msg);
-        engine_free(q);
-        return;
-    }
+    Engine *q, *h;
+    if (!make_engines(m, name, backend, dt, backend, dt, B, T, &q, &h)) return;
     int *prompt = random_tokens(B * P, V, 31 + B), *first = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
     int *want = xmalloc((size_t)n * B * sizeof(int));
     float *logits = xmalloc((size_t)B * V * sizeof(float));
@@ -405,13 +398,9 @@ static void check_bf16(const GPT2Model *m, const char *tag, int B, int T) {
     snprintf(name, sizeof(name), "gpu_reference_%s_bf16_vs_fp32", tag);
     Error err;
     int V = m->config.vocab_size;
-    Engine *a = make_engine(m, BACKEND_GPU_REFERENCE, DTYPE_F32, B, T, &err);
-    Engine *b = a ? make_engine(m, BACKEND_GPU_REFERENCE, DTYPE_BF16, B, T, &err) : NULL;
-    if (!a || !b) {
-        CHECK(0, name, "engine_create: %s", err.msg);
-        engine_free(a);
+    Engine *a, *b;
+    if (!make_engines(m, name, BACKEND_GPU_REFERENCE, DTYPE_F32, BACKEND_GPU_REFERENCE, DTYPE_BF16, B, T, &a, &b))
         return;
-    }
     int *tok = random_tokens(B * T, V, 3);
     float *la = xmalloc((size_t)B * T * V * sizeof(float)), *lb = xmalloc((size_t)B * T * V * sizeof(float));
     int rc = a->forward(a, tok, B, T, 0, la, 1, &err);
