@@ -1,6 +1,6 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
-//                                                                                  | --fold | --logits
+//                                                                                  | --fold | --logits [M]
 //                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M
 //                                                                                  | --one-rows EPILOGUE K N M]
@@ -660,8 +660,10 @@ static void bench_copy(int K, int N, int M) {
 // are zero) against the LayerNorm kernel + logits_rows (the engine's route); each product alone, and
 // logits_rows's rate of reading W. Greedy decoding's pick: the LayerNorm kernel + logits_rows, then
 // the device sampler's greedy kernel (sampling.h), against logits_rows taking the pick itself
-// (LogitsGreedy); at 1-4 rows (the engine's GEMV rows before Hopper; one row on it) the same for the
-// GEMV with lnf inside (fused_ln_linear.h, fp32 x0, lnf folded into s = W gamma and b' = W beta).
+// (LogitsGreedy), and taking only the ids, as a greedy decode step does (the logits' 4 x M x V bytes
+// not written: 12.9 MB at 64 rows), alone and after the LayerNorm kernel; at 1-4 rows (the engine's
+// GEMV rows before Hopper; one row on it) the same for the GEMV with lnf inside (fused_ln_linear.h,
+// fp32 x0, lnf folded into s = W gamma and b' = W beta).
 // Validated against the cuBLASLt route first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2
 // the GEMV), and the picks against each other (the same ids).
 typedef struct {
@@ -707,6 +709,19 @@ static void enqueue_logits_rows_greedy(void *p, int set) {
     LogitsBench *b = p;
     CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
     CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, &b->greedy, stream));
+}
+
+// The pick as a decode step takes it: only the ids, the logits not written (ids_only).
+static void enqueue_logits_rows_ids_alone(void *p, int set) {
+    LogitsBench *b = p;
+    LogitsGreedy ids = b->greedy;
+    ids.ids_only = 1;
+    CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, &ids, stream));
+}
+static void enqueue_logits_rows_ids(void *p, int set) {
+    LogitsBench *b = p;
+    CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
+    enqueue_logits_rows_ids_alone(p, set);
 }
 
 static void logits_gemv(const LogitsBench *b, int set, const LogitsGreedy *greedy) {
@@ -756,8 +771,8 @@ static void bench_logits(int M) {
     b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0, NULL};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const int gemv = M <= 4;
-    const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_gemv};
     float *got[3] = {NULL};
+    const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_gemv};
     for (int r = 0; r < 2 + gemv; r++) {
         CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));
         routes[r](&b, 0);
@@ -781,14 +796,17 @@ static void bench_logits(int M) {
         printf(" INVALID (rel_l2 %.3g logits_rows, %.3g GEMV against cuBLASLt; greedy picks %s): not timed\n", e_rows,
                e_gemv, same ? "agree" : "differ");
     } else {
-        Timing t[6];
-        const EnqueueFn fns[6] = {enqueue_logits_lt,         enqueue_logits_rows,         enqueue_logits_lt_alone,
-                                  enqueue_logits_rows_alone, enqueue_logits_rows_sampler, enqueue_logits_rows_greedy};
-        for (int i = 0; i < 6; i++) t[i] = time_it(fns[i], &b, b.nsets);
+        Timing t[8];
+        const EnqueueFn fns[8] = {enqueue_logits_lt,          enqueue_logits_rows,         enqueue_logits_lt_alone,
+                                  enqueue_logits_rows_alone,  enqueue_logits_rows_sampler, enqueue_logits_rows_greedy,
+                                  enqueue_logits_rows_ids_alone, enqueue_logits_rows_ids};
+        for (int i = 0; i < 8; i++) t[i] = time_it(fns[i], &b, b.nsets);
         printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | alone: cuBLASLt %.2f, logits_rows %.2f"
-               " (W at %.0f GB/s) | greedy: LN + logits_rows + sampler %.2f, LN + logits_rows taking it %.2f\n",
+               " (W at %.0f GB/s) | greedy: LN + logits_rows + sampler %.2f, LN + logits_rows taking it %.2f |"
+               " ids only: logits_rows alone %.2f (W at %.0f GB/s), LN + logits_rows %.2f\n",
                t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us, t[3].graph_us,
-               (double)V * C * 2 / (t[3].graph_us * 1e3), t[4].graph_us, t[5].graph_us);
+               (double)V * C * 2 / (t[3].graph_us * 1e3), t[4].graph_us, t[5].graph_us, t[6].graph_us,
+               (double)V * C * 2 / (t[6].graph_us * 1e3), t[7].graph_us);
         if (gemv)
             printf("    GEMV with lnf inside %.2f us | greedy: GEMV + sampler %.2f, GEMV taking it %.2f\n",
                    time_it(enqueue_logits_gemv, &b, b.nsets).graph_us,
@@ -904,9 +922,15 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    if (argc == 2 && !strcmp(argv[1], "--logits")) {  // GPT-2 124M's logits at decode rows
+    if ((argc == 2 || argc == 3) && !strcmp(argv[1], "--logits")) {  // GPT-2 124M's logits at decode rows [M]
         if (!logits_rows_takes(8, 768)) {
             printf("SKIP --logits: logits_rows needs an sm_90 device and an sm_90a build\n");
+            return 0;
+        }
+        if (argc == 3) {  // one row count (for ncu)
+            const int M = atoi(argv[2]);
+            if (M < 1 || M > 64) die("--logits: rows %s are not 1-64", argv[2]);
+            bench_logits(M);
             return 0;
         }
         const int Ml[] = {1, 2, 4, 5, 8, 16, 24, 32, 48, 64};
