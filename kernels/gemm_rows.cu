@@ -1,8 +1,8 @@
 // Products of a few rows on Hopper (gemm_rows.h): W's tile by TMA before the PDL wait (gemm_rows_ln
 // past 32 rows: after its loads of x), x's rows by TMA after it, one wgmma warpgroup with W as the
 // A operand, K split over a cluster's blocks where the tile does not fit. gemm_rows_ln: x's rows
-// fp32, normalised by the blocks themselves into the same x tiles (LayerNorm + Linear in one kernel:
-// ln_rows.cuh), shared over a cluster along the columns. gemm_rows_fold: x's tiles are the residual product's bf16
+// fp32, normalised by the blocks themselves into the same x tiles (LayerNorm + Linear in one kernel),
+// shared over a cluster along the columns. gemm_rows_fold: x's tiles are the residual product's bf16
 // copy (TMA, as gemm_rows), and the second warpgroup takes the fp32 rows' statistics for the epilogue.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period), for its part of K:
@@ -28,7 +28,6 @@
 #include "cluster.cuh"
 #include "gemm_rows.h"
 #include "kernel_util.h"
-#include "ln_rows.cuh"
 #include "pdl.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -81,8 +80,132 @@ struct LnIn {
     int w_after_x;
 };
 
+// gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6 or 8: rows
+// of K <= 128 VPL, so K <= 1024).
+constexpr int LN_MAX_K = 1024;
+constexpr float LN_EPS = 1e-5f;
+constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : 8; }
+
+// f(std::integral_constant<int, VPL>) for K's VPL: the one place the run-time K picks an
+// instantiation.
+template <typename F> auto with_vpl(int K, F &&f) {
+    switch (ln_vpl(K)) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    default: return f(std::integral_constant<int, 8>{});
+    }
+}
 constexpr int LN_THREADS = 2 * THREADS;  // gemm_rows_ln's block: two warpgroups stage, the first multiplies
 constexpr int LN_WARPS = LN_THREADS / 32;
+
+// ----------------------------------------------------------------------------
+// Rows of fp32 x in registers and their statistics (gemm_rows_ln's staging, gemm_rows_fold's
+// statistics): a warp holds RR whole rows, lane's float4 i of a row at k = 4 (32 i + lane), VPL of
+// them, so one L2 round trip brings all RR; lanes past the row and rows past M hold zeros.
+
+template <int RR, int VPL>
+__device__ __forceinline__ void load_rows(float4 (&v)[RR][VPL], const LnIn &in, int t0, int M, int K, int lane) {
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        const int t = t0 + j;
+        const float4 *row = reinterpret_cast<const float4 *>(in.x + (long long)min(t, M - 1) * in.ldx);
+#pragma unroll
+        for (int i = 0; i < VPL; i++)
+            v[j][i] = t < M && 32 * i + lane < K / 4 ? row[32 * i + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// Exact two-pass statistics of each row, reduced by shuffles: its mean, and rstd = 1 / sqrt(var + eps).
+template <int RR, int VPL>
+__device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&mean)[RR], float (&rstd)[RR], int K,
+                                          int lane) {
+    const float inv_k = 1.0f / K;
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VPL; i++) a += (v[j][i].x + v[j][i].y) + (v[j][i].z + v[j][i].w);
+        mean[j] = warp_sum(a) * inv_k;
+    }
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VPL; i++) {
+            const float m = 32 * i + lane < K / 4 ? mean[j] : 0.0f;  // the lanes past the row hold zeros
+            const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
+            a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+        }
+        rstd[j] = rsqrtf(warp_sum(a) * inv_k + LN_EPS);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// gemm_rows_ln's LayerNorm: x's RB rows into the x tiles as wgmma reads them
+//
+// The block's two warpgroups stage (LN_THREADS: the second one only stages, then leaves the MMAs to
+// the first). In a cluster of CN blocks along the columns (the same rows, CN column tiles) block q
+// stages the tile's rows q RB / CN.. and stores each into all CN blocks' tiles: its own by plain
+// stores, the others by st_async, whose bytes count on their x_full (`bar`), so a block waits on its
+// own barrier for its tile, with no cluster fence or barrier (docs/PERF.md, "Session 38").
+// The 8 warps take RB / CN / 8 rows each (where RB / CN < 8, the first RB / CN warps one each), up
+// to four at a time (load_rows, row_stats), then gamma (x - mean) rstd rounded to bf16 and stored
+// under the 128-byte swizzle (16-byte chunk c of row t at chunk c ^ (t % 8)), rows past M as zeros.
+// beta is not applied: it is in the bias (b' = W beta + b, ln_fold.cu's vectors), so the product is
+// W (LayerNorm(x) - beta) + b' = W LayerNorm(x) + b.
+// Straight-line code, the lanes past the row masked by selects: a warp runs this with little to
+// hide its latencies but its rows' independent chains and the scheduler's other warp; a branch a
+// value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
+// more than 16 rows in one (docs/PERF.md, "Session 34").
+
+// after_loads() is called once, as soon as the warp's first round of loads is issued.
+template <int RB, int VPL, int CN, typename AfterLoads>
+__device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *bar, const LnIn &in,
+                                              const float4 (&g)[VPL], int r0, int M, int K, int rank, int warp,
+                                              int lane, AfterLoads after_loads) {
+    constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
+    constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
+    if (warp * RPW >= RBB) return after_loads();
+    uint32_t tile_in[CN], bar_in[CN];  // CN > 1: x_tiles and bar in each block (shared::cluster addresses)
+#pragma unroll
+    for (int q = 0; q < CN; q++) {
+        tile_in[q] = CN > 1 ? cluster_map(x_tiles, q) : 0;
+        bar_in[q] = CN > 1 ? cluster_map(bar, q) : 0;
+    }
+    const int nq = K / 4;  // float4s a row
+    // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
+    unsigned char *lane_at = x_tiles + (lane / 16) * RB * BK * 2 + (lane & 1) * 8;
+    const int chunk = (lane % 16) / 2;
+#pragma unroll 1
+    for (int rr = 0; rr < RPW; rr += RR) {
+        float4 v[RR][VPL];
+        load_rows<RR, VPL>(v, in, r0 + rank * RBB + warp * RPW + rr, M, K, lane);
+        if (rr == 0) after_loads();
+        float mean[RR], rstd[RR];
+        row_stats<RR, VPL>(v, mean, rstd, K, lane);
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            const int t = rank * RBB + warp * RPW + rr + j;  // the tile's row
+            unsigned char *at = lane_at + t * 128 + ((chunk ^ (t & 7)) << 4);
+            const float r = rstd[j], sh = -mean[j] * r;  // (x - mean) rstd = x rstd + sh
+#pragma unroll
+            for (int i = 0; i < VPL; i++) {
+                const float4 x = v[j][i], gi = g[i];
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(gi.x * fmaf(x.x, r, sh), gi.y * fmaf(x.y, r, sh));
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(gi.z * fmaf(x.z, r, sh), gi.w * fmaf(x.w, r, sh));
+                const uint2 v2 =
+                    make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+                unsigned char *to = at + (size_t)i * 2 * RB * BK * 2;
+                if (32 * i + lane < nq) {
+                    *reinterpret_cast<uint2 *>(to) = v2;
+#pragma unroll
+                    for (int q = 0; q < CN; q++)
+                        if (q != rank) st_async(tile_in[q] + (uint32_t)(to - x_tiles), v2, bar_in[q]);
+                }
+            }
+        }
+    }
+}
 
 // ----------------------------------------------------------------------------
 // gemm_rows_fold's statistics: (mean, rstd) of the tile's RB rows into every block's stats[]
@@ -104,9 +227,9 @@ __device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, con
 #pragma unroll 1
     for (int rr = 0; rr < RPW; rr += RR) {
         float4 v[RR][VPL];
-        ln_rows::load_rows<RR, VPL>(v, in.x, in.ldx, r0 + rank * RBB + w * RPW + rr, M, K, lane);
+        load_rows<RR, VPL>(v, in, r0 + rank * RBB + w * RPW + rr, M, K, lane);
         float mean[RR], rstd[RR];
-        ln_rows::row_stats<RR, VPL>(v, mean, rstd, K, lane);
+        row_stats<RR, VPL>(v, mean, rstd, K, lane);
         if (CN > 1 && rr == 0) cluster_wait();  // every block has started
 #pragma unroll
         for (int j = 0; j < RR; j++) {
@@ -216,20 +339,23 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
             if (residual && out.copy) copy_gamma[h] = out.copy_gamma[col_of(2 * h)];
         }
     float4 gamma[VPL];  // LN: gamma at this lane's float4s of a row (a weight: before the wait)
-    if constexpr (LN) ln_rows::load_gamma<VPL>(gamma, ln.gamma, K, lane);
+    if constexpr (LN)
+#pragma unroll
+        for (int i = 0; i < VPL; i++)
+            gamma[i] = 32 * i + lane < K / 4 ? reinterpret_cast<const float4 *>(ln.gamma)[32 * i + lane]
+                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
     if constexpr (LN && CN == 1) {
-        ln_rows::stage<RB, VPL, 1, LN_WARPS>(x_tiles, x_full, ln.x, ln.ldx, gamma, r0, M, K, 0, warp, lane,
-                                             load_w_after_x);
+        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, r0, M, K, 0, warp, lane, load_w_after_x);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
         if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
         cluster_wait();         // every block has started
-        ln_rows::stage<RB, VPL, CN, LN_WARPS>(x_tiles, x_full, ln.x, ln.ldx, gamma, r0, M, K, (int)(blockIdx.x % CN),
-                                              warp, lane, load_w_after_x);
+        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
+                                    load_w_after_x);
         // x_full's phase: every thread's arrival (release: its own rows' plain stores) and the other
         // ranks' rows, RB / CN of K bf16 each, by their bytes.
         if (tid == 0) mbar_arrive_expect_tx(x_full, (CN - 1) * (RB / CN) * K * (uint32_t)sizeof(bf16));
@@ -509,8 +635,7 @@ cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W
 
 template <int EPI>
 cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
-    return ln_rows::with_vpl(K,
-                             [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, out, ln, W, M, N, K, stream); });
+    return with_vpl(K, [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, out, ln, W, M, N, K, stream); });
 }
 
 // gemm_rows_fold's tile and cluster: 32 rows a block (64 lost 14-25% at 64 rows), and clusters of 8
@@ -532,7 +657,7 @@ template <int VPL> int fold_cluster_vpl(int M, int N, int K) {
 }
 
 int fold_cluster(int M, int N, int K) {
-    return ln_rows::with_vpl(K, [&](auto vpl) { return fold_cluster_vpl<vpl.value>(M, N, K); });
+    return with_vpl(K, [&](auto vpl) { return fold_cluster_vpl<vpl.value>(M, N, K); });
 }
 
 template <int EPI, int VPL>
@@ -545,8 +670,7 @@ cudaError_t launch_fold_vpl(int cn, const Out &out, const void *copy, const LnIn
 template <int EPI>
 cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N, int K,
                         cudaStream_t stream) {
-    return ln_rows::with_vpl(
-        K, [&](auto vpl) { return launch_fold_vpl<EPI, vpl.value>(cn, out, copy, x, W, M, N, K, stream); });
+    return with_vpl(K, [&](auto vpl) { return launch_fold_vpl<EPI, vpl.value>(cn, out, copy, x, W, M, N, K, stream); });
 }
 
 }  // namespace
@@ -615,7 +739,7 @@ extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long l
 
 extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
     return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_LN_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
-           K <= ln_rows::MAX_K && fits(K, pick_ln_rows(M), 1);
+           K <= LN_MAX_K && fits(K, pick_ln_rows(M), 1);
 }
 
 extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, const float *x, long long ldx,
@@ -646,7 +770,7 @@ extern "C" cudaError_t gemm_rows_residual_copy(float *y, long long ldy, const vo
 
 extern "C" int gemm_rows_fold_takes(int M, int N, int K) {
     return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_FOLD_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
-           K <= ln_rows::MAX_K && fold_fits(K) && fold_cluster(M, N, K) > 0;
+           K <= LN_MAX_K && fold_fits(K) && fold_cluster(M, N, K) > 0;
 }
 
 extern "C" cudaError_t gemm_rows_fold(MatmulLtEpilogue epilogue, void *y, long long ldy, const GemmRowsFold *in,

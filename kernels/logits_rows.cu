@@ -1,11 +1,9 @@
 // The logits of a few rows on Hopper (logits_rows.h): x resident, W streamed through a ring of TMA
 // slices by a producer warp, one wgmma warpgroup multiplying, one block an SM, persistent over W's
-// 64-row tiles. logits_rows_ln: the same kernel with the final LayerNorm inside, x's fp32 rows
-// normalised by the multiplying warps into the x tiles (ln_rows.cuh) instead of x's copy by TMA.
+// 64-row tiles.
 //
 // Shared memory of a block, 1024-byte aligned (the 128-byte swizzle's period):
-//   x_tiles  x's RB rows as K/64 slices of RB rows x 64 k (RB x 128 bytes each), loaded (or
-//            normalised) once
+//   x_tiles  x's RB rows as K/64 slices of RB rows x 64 k (RB x 128 bytes each), loaded once
 //   ring     STAGES slots of one W slice each: 64 rows x 64 k, 8 KB
 //   row_best greedy: the block's best rank key (rank_key.cuh) of each row, then its ticket
 //   barriers x_full (x landed), full[STAGES] (a slot's slice landed: TMA's bytes), empty[STAGES]
@@ -20,7 +18,6 @@
 #include "gemm_rows.h"  // gemm_rows_available
 #include "greedy_pick.cuh"
 #include "kernel_util.h"
-#include "ln_rows.cuh"
 #include "logits_rows.h"
 #include "pdl.cuh"
 #include "tma.cuh"
@@ -85,21 +82,11 @@ __device__ void greedy_finish(const RowBest (&best)[J][2], const LogitsGreedy &g
 // logits columns f0 = 64 tile.. of all M rows. Accumulator tile j of a thread (wgmma.cuh's layout,
 // A = W: its rows are y's columns) holds columns fa = f0 + 16 warp + lane / 4 and fa + 8, rows
 // t = 8 j + 2 (lane % 4) and t + 1: acc[j] = {(fa, t), (fa, t+1), (fa+8, t), (fa+8, t+1)}.
-// VPL = 0: x's tiles by TMA (x_map). VPL > 0 (logits_rows_ln): from ln's fp32 rows, normalised by
-// the multiplying warps after the wait (gamma's float4s held before it), and the epilogue adds
-// ln.b_folded = W beta.
 
-// logits_rows_ln's input: x fp32 [M, K] rows ldx apart, the LayerNorm's gamma [K], b_folded = W beta [N].
-struct LnIn {
-    const float *x;
-    long long ldx;
-    const float *gamma, *b_folded;
-};
-
-template <int RB, int STAGES, int VPL>
+template <int RB, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1)
-    logits_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, LnIn ln,
-                  float *y, long long ldy, LogitsGreedy greedy, int M, int N, int K) {
+    logits_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, float *y,
+                  long long ldy, LogitsGreedy greedy, int M, int N, int K) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
     constexpr int J = RB / 8;
     extern __shared__ unsigned char smem_raw[];
@@ -123,15 +110,14 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (warp == MMA_THREADS / 32) {  // the producer
         if (lane == 0) {
-            tma_prefetch_map(&w_map);
-            if (VPL == 0) tma_prefetch_map(&x_map);
+            tma_prefetch_map(&w_map), tma_prefetch_map(&x_map);
             for (int i = 0; i < items; i++) {
                 const int slot = i % STAGES, use = i / STAGES;
                 if (use > 0) mbar_wait(&empty[slot], (use - 1) & 1);
                 const int tile = blockIdx.x + (i / slices) * gridDim.x, s = i % slices;
                 mbar_arrive_expect_tx(&full[slot], W_SLICE);
                 tma_load(ring + (size_t)slot * W_SLICE, &w_map, s * BK, tile * BF, &full[slot]);
-                if (VPL == 0 && i == min(items, STAGES) - 1) {  // the ring is full: now x (written by the step)
+                if (i == min(items, STAGES) - 1) {  // the ring is full: now x (written by the step)
                     pdl_wait();
                     mbar_arrive_expect_tx(x_full, slices * RB * BK * 2);
                     for (int k = 0; k < slices; k++)
@@ -142,28 +128,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    float4 gamma[VPL > 0 ? VPL : 1];
-    if constexpr (VPL > 0) ln_rows::load_gamma<VPL>(gamma, ln.gamma, K, lane);
     pdl_wait();
     RowBest best[J][2];  // greedy: the largest logit of rows 8 j + 2 (lane % 4) and the next, and its column
 #pragma unroll
     for (int j = 0; j < J; j++) best[j][0] = best[j][1] = RowBest{-INFINITY, -1};
-    if constexpr (VPL > 0) {
-        ln_rows::stage<RB, VPL, 1, MMA_THREADS / 32>(x_tiles, nullptr, ln.x, ln.ldx, gamma, 0, M, K, 0, warp, lane,
-                                                     [] {});
-        fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
-        asm volatile("bar.sync 1, %0;" ::"n"(MMA_THREADS) : "memory");
-    } else {
-        mbar_wait(x_full, 0);
-    }
+    mbar_wait(x_full, 0);
     const int fa_in_tile = 16 * warp + lane / 4;
     for (int i = 0, n = 0; n < my_tiles; n++) {
         const int f0 = (blockIdx.x + n * gridDim.x) * BF;
-        float b_folded[2] = {0.0f, 0.0f};  // logits_rows_ln: W beta at the thread's two columns, loaded under the MMAs
-        if constexpr (VPL > 0)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                if (f0 + fa_in_tile + 8 * h < N) b_folded[h] = ln.b_folded[f0 + fa_in_tile + 8 * h];
         float acc[J][4];
 #pragma unroll
         for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -184,7 +156,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int e = 0; e < 4; e++) {
                 const int t = 8 * j + 2 * (lane % 4) + (e & 1), h = e >> 1, f = f0 + fa_in_tile + 8 * h;
                 if (t >= M || f >= N) continue;
-                const float v = acc[j][e] + b_folded[h];
+                const float v = acc[j][e];
                 if (!greedy.ids_only) y[t * ldy + f] = v;
                 if (greedy.next && v > best[j][e & 1].logit) best[j][e & 1] = RowBest{v, f};
             }
@@ -206,60 +178,41 @@ int pick_stages(int K, int rb) {
     return stages >= MIN_STAGES ? stages : 0;
 }
 
-// One call's operands: bf16 x by TMA (logits_rows) or ln's fp32 rows (logits_rows_ln).
-struct Call {
-    float *y;
-    long long ldy;
-    const void *x;  // logits_rows: bf16 [M, K], rows ldx apart
-    long long ldx;
-    LnIn ln;        // logits_rows_ln
-    const void *W;
-    int M, N, K;
-    LogitsGreedy greedy;
-};
-
-template <int RB, int STAGES, int VPL> cudaError_t launch(const Call &c, cudaStream_t stream) {
-    CUtensorMap x_map = {}, w_map;
-    if ((VPL == 0 && !tensor_map(&x_map, c.x, c.M, c.K, c.ldx, RB)) || !tensor_map(&w_map, c.W, c.N, c.K, c.K, BF))
-        return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(c.K, RB, STAGES);
+template <int RB, int STAGES>
+cudaError_t launch(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
+                   const LogitsGreedy &greedy, cudaStream_t stream) {
+    CUtensorMap x_map, w_map;
+    if (!tensor_map(&x_map, x, M, K, ldx, RB) || !tensor_map(&w_map, W, N, K, K, BF)) return cudaErrorInvalidValue;
+    const size_t smem = smem_bytes(K, RB, STAGES);
     static size_t smem_set;  // per instantiation: the largest allowed so far
     if (smem > smem_set) {
-        const cudaError_t e = cudaFuncSetAttribute(logits_kernel<RB, STAGES, VPL>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e =
+            cudaFuncSetAttribute(logits_kernel<RB, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         smem_set = smem;
     }
-    const int tiles = (c.N + BF - 1) / BF, sms = device_attr<cudaDevAttrMultiProcessorCount>(1);
-    return launch_pdl(logits_kernel<RB, STAGES, VPL>, dim3(tiles < sms ? tiles : sms), dim3(THREADS), smem, stream,
-                      x_map, w_map, c.ln, c.y, c.ldy, c.greedy, c.M, c.N, c.K);
+    const int tiles = (N + BF - 1) / BF, sms = device_attr<cudaDevAttrMultiProcessorCount>(1);
+    return launch_pdl(logits_kernel<RB, STAGES>, dim3(tiles < sms ? tiles : sms), dim3(THREADS), smem, stream, x_map,
+                      w_map, y, ldy, greedy, M, N, K);
 }
 
-template <int RB, int VPL> cudaError_t launch_stages(int stages, const Call &c, cudaStream_t stream) {
+template <int RB>
+cudaError_t launch_stages(int stages, float *y, long long ldy, const void *x, long long ldx, const void *W, int M,
+                          int N, int K, const LogitsGreedy &greedy, cudaStream_t stream) {
     switch (stages) {
-    case 4: return launch<RB, 4, VPL>(c, stream);
-    case 8: return launch<RB, 8, VPL>(c, stream);
-    default: return launch<RB, 16, VPL>(c, stream);
+    case 4: return launch<RB, 4>(y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    case 8: return launch<RB, 8>(y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    default: return launch<RB, 16>(y, ldy, x, ldx, W, M, N, K, greedy, stream);
     }
 }
 
-template <int VPL> cudaError_t launch_rows(const Call &c, cudaStream_t stream) {
-    const int rb = pick_rows(c.M), stages = pick_stages(c.K, rb);
+cudaError_t launch_rows(int rb, int stages, float *y, long long ldy, const void *x, long long ldx, const void *W,
+                        int M, int N, int K, const LogitsGreedy &greedy, cudaStream_t stream) {
     switch (rb) {
-    case 16: return launch_stages<16, VPL>(stages, c, stream);
-    case 32: return launch_stages<32, VPL>(stages, c, stream);
-    default: return launch_stages<64, VPL>(stages, c, stream);
+    case 16: return launch_stages<16>(stages, y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    case 32: return launch_stages<32>(stages, y, ldy, x, ldx, W, M, N, K, greedy, stream);
+    default: return launch_stages<64>(stages, y, ldy, x, ldx, W, M, N, K, greedy, stream);
     }
-}
-
-// The checks both entry points share: an argument no call may have (cudaErrorInvalidValue), and W
-// and the greedy workspace aligned as the kernel reads them (else cudaErrorNotSupported).
-bool bad_call(const Call &c, const LogitsGreedy *greedy) {
-    return c.M < 1 || c.N <= 0 || c.K <= 0 || c.ldy < c.N || !c.y || !c.W ||
-           (greedy && (!greedy->next || !greedy->best || !greedy->ticket));
-}
-bool aligned(const Call &c, const LogitsGreedy *greedy) {
-    return (uintptr_t)c.W % 16 == 0 && (!greedy || (uintptr_t)greedy->best % 8 == 0);
 }
 
 }  // namespace
@@ -273,22 +226,13 @@ extern "C" int logits_rows_takes(int M, int K) {
 
 extern "C" cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N,
                                    int K, const LogitsGreedy *greedy, cudaStream_t stream) {
-    const Call c = {y, ldy, x, ldx, {}, W, M, N, K, greedy ? *greedy : LogitsGreedy{}};
-    if (bad_call(c, greedy) || ldx < K || !x) return cudaErrorInvalidValue;
-    if (!logits_rows_takes(M, K) || !aligned(c, greedy) || ldx % 8 || (uintptr_t)x % 16) return cudaErrorNotSupported;
-    return launch_rows<0>(c, stream);
-}
-
-extern "C" int logits_rows_ln_takes(int M, int K) {
-    return logits_rows_takes(M, K) && K % 64 == 0 && K <= ln_rows::MAX_K;
-}
-
-extern "C" cudaError_t logits_rows_ln(float *y, long long ldy, const float *x, long long ldx, const float *gamma,
-                                      const float *b_folded, const void *W, int M, int N, int K,
-                                      const LogitsGreedy *greedy, cudaStream_t stream) {
-    const Call c = {y, ldy, NULL, 0, {x, ldx, gamma, b_folded}, W, M, N, K, greedy ? *greedy : LogitsGreedy{}};
-    if (bad_call(c, greedy) || ldx < K || !x || !gamma || !b_folded) return cudaErrorInvalidValue;
-    if (!logits_rows_ln_takes(M, K) || !aligned(c, greedy) || ldx % 4 || (uintptr_t)x % 16 || (uintptr_t)gamma % 16)
+    if (M < 1 || N <= 0 || K <= 0 || ldy < N || ldx < K || !y || !x || !W ||
+        (greedy && (!greedy->next || !greedy->best || !greedy->ticket)))
+        return cudaErrorInvalidValue;
+    if (!logits_rows_takes(M, K) || ldx % 8 || (uintptr_t)x % 16 || (uintptr_t)W % 16 ||
+        (greedy && (uintptr_t)greedy->best % 8))
         return cudaErrorNotSupported;
-    return ln_rows::with_vpl(K, [&](auto vpl) { return launch_rows<vpl.value>(c, stream); });
+    const int rb = pick_rows(M), stages = pick_stages(K, rb);
+    const LogitsGreedy no_greedy = {};
+    return launch_rows(rb, stages, y, ldy, x, ldx, W, M, N, K, greedy ? *greedy : no_greedy, stream);
 }

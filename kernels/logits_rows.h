@@ -15,8 +15,7 @@
 //   - one warpgroup multiplies each slice as it lands (wgmma, W's 64 rows as the A operand and x's
 //     rows as the N side, as gemm_rows does), and writes the tile's fp32 logits.
 //
-// The final LayerNorm comes before: x = LayerNorm(x0) in bf16, the LayerNorm kernel's output; or
-// inside (logits_rows_ln, below), which takes that kernel and its boundary off the step.
+// The final LayerNorm comes before: x = LayerNorm(x0) in bf16, the LayerNorm kernel's output.
 //
 // Shapes: 1 <= M <= 64, K % 8 == 0 and x's M rows of K plus a ring of four slices fitting in shared
 // memory (logits_rows_takes: every GPT-2 size to 64 rows but 1558M past 32); y [M, N] fp32 rows ldy
@@ -43,21 +42,6 @@ int logits_rows_takes(int M, int K);
 // launch's error.
 cudaError_t logits_rows(float *y, long long ldy, const void *x, long long ldx, const void *W, int M, int N, int K,
                         const LogitsGreedy *greedy, cudaStream_t stream);
-
-// The final LayerNorm inside: y = LayerNorm(x) W^T from x's fp32 rows, each block normalising all M
-// rows into its x tiles (ln_rows.cuh: exact two-pass statistics, gamma (x - mean) rstd in bf16) where
-// logits_rows copies the LayerNorm kernel's output, and adding beta's share after the product:
-//   x         fp32 [M, K], rows ldx floats apart (ldx % 4 == 0, 16-byte aligned)
-//   gamma     fp32 [K] (16-byte aligned)
-//   b_folded  fp32 [N] = W beta (ln_fold.cu's vector)
-// Every block reads all of x's rows (4 M K bytes each: the price of the boundary it saves), so the
-// engine takes it where that is cheaper than the LayerNorm kernel (ops_fused.cu). Shapes as
-// logits_rows, with K a multiple of 64 up to 1024 (logits_rows_ln_takes: every GPT-2 size but
-// 1558M); returns as logits_rows.
-int logits_rows_ln_takes(int M, int K);
-cudaError_t logits_rows_ln(float *y, long long ldy, const float *x, long long ldx, const float *gamma,
-                           const float *b_folded, const void *W, int M, int N, int K, const LogitsGreedy *greedy,
-                           cudaStream_t stream);
 
 #ifdef __cplusplus
 }

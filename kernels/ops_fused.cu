@@ -355,25 +355,9 @@ static const LogitsGreedy *logits_greedy(const GpuState *s, const GpuStep *st, i
     return g;
 }
 
-// logits_rows with the final LayerNorm inside (logits_rows_ln) up to LOGITS_LN_ROWS rows: there every
-// block reading all of x's fp32 rows costs less than the LayerNorm kernel and its boundary
-// (docs/PERF.md, "Session 52"). GPT2_LOGITS_LN=R takes it up to R rows instead (0: never; to compare
-// routes).
-#define LOGITS_LN_ROWS 64
-static int logits_ln_inside(const GpuState *s, int rows) {
-    static int max_rows = -1;
-    if (max_rows < 0) max_rows = getenv("GPT2_LOGITS_LN") ? atoi(getenv("GPT2_LOGITS_LN")) : LOGITS_LN_ROWS;
-    return rows <= max_rows && logits_take_rows(s, rows) && logits_rows_ln_takes(rows, s->C);
-}
-
 static int fused_logits(GpuState *s, const GpuStep *st, int all_positions, Error *err) {
     const int rows = all_positions ? st->M : st->B;
     LogitsGreedy greedy;
-    if (logits_ln_inside(s, rows)) {
-        CUDA_TRY(logits_rows_ln(s->logits, s->logits_ld, s->x, s->C, s->lnfw, s->lnf_b, s->wte, rows, s->V, s->C,
-                                logits_greedy(s, st, all_positions, &greedy), s->stream));
-        return 0;
-    }
     // Past the fused rows the LayerNorm kernel, then logits_rows or cuBLASLt.
     if (rows > fused_rows(s, LINEAR_OP_LOGITS, rows, s->V, s->C)) {
         CUDA_TRY(layernorm_forward(s->ln, s->x, s->lnfw, s->lnfb, rows, s->C, s->dtype, s->stream));

@@ -661,10 +661,9 @@ static void bench_copy(int K, int N, int M) {
 // logits_rows's rate of reading W. Greedy decoding's pick: the LayerNorm kernel + logits_rows, then
 // the device sampler's greedy kernel (sampling.h), against logits_rows taking the pick itself
 // (LogitsGreedy), and taking only the ids, as a greedy decode step does (the logits' 4 x M x V bytes
-// not written: 12.9 MB at 64 rows): alone, after the LayerNorm kernel, and with the LayerNorm inside
-// (logits_rows_ln, from fp32 x0 and W beta); at 1-4 rows (the engine's GEMV rows before Hopper; one row
-// on it) the same for the GEMV with lnf inside (fused_ln_linear.h, fp32 x0, lnf folded into
-// s = W gamma and b' = W beta).
+// not written: 12.9 MB at 64 rows), alone and after the LayerNorm kernel; at 1-4 rows (the engine's
+// GEMV rows before Hopper; one row on it) the same for the GEMV with lnf inside (fused_ln_linear.h,
+// fp32 x0, lnf folded into s = W gamma and b' = W beta).
 // Validated against the cuBLASLt route first (rel_l2 <= 1e-5 from the same LayerNorm output, 1e-2
 // the GEMV), and the picks against each other (the same ids).
 typedef struct {
@@ -719,18 +718,10 @@ static void enqueue_logits_rows_ids_alone(void *p, int set) {
     ids.ids_only = 1;
     CK(logits_rows(b->y, b->ld, b->ln, b->C, b->W[set], b->M, b->V, b->C, &ids, stream));
 }
-
 static void enqueue_logits_rows_ids(void *p, int set) {
     LogitsBench *b = p;
     CK(baseline_layernorm(b->ln, b->x0, b->gamma, b->beta, b->M, b->C, DTYPE_BF16, stream));
     enqueue_logits_rows_ids_alone(p, set);
-}
-// The final LayerNorm inside (logits_rows_ln), taking only the ids.
-static void enqueue_logits_rows_ln_ids(void *p, int set) {
-    LogitsBench *b = p;
-    LogitsGreedy ids = b->greedy;
-    ids.ids_only = 1;
-    CK(logits_rows_ln(b->y, b->ld, b->x0, b->C, b->gamma, b->b, b->W[set], b->M, b->V, b->C, &ids, stream));
 }
 
 static void logits_gemv(const LogitsBench *b, int set, const LogitsGreedy *greedy) {
@@ -780,10 +771,7 @@ static void bench_logits(int M) {
     b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0, NULL};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const int gemv = M <= 4;
-    float *got[4] = {NULL};
-    CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));  // logits_rows_ln: its padding columns stay 0
-    CK(logits_rows_ln(b.y, b.ld, b.x0, b.C, b.gamma, b.b, b.W[0], b.M, b.V, b.C, NULL, stream));
-    got[3] = fetch(b.y, (size_t)M * ld, DTYPE_F32);
+    float *got[3] = {NULL};
     const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_gemv};
     for (int r = 0; r < 2 + gemv; r++) {
         CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));
@@ -792,7 +780,6 @@ static void bench_logits(int M) {
     }
     const double e_rows = rel_l2(got[1], got[0], (size_t)M * ld);
     const double e_gemv = gemv ? rel_l2(got[2], got[0], (size_t)M * ld) : 0.0;
-    const double e_ln = rel_l2(got[3], got[0], (size_t)M * ld);
     // The picks of each route with the sampler, then taking them itself.
     const EnqueueFn pickers[4] = {enqueue_logits_rows_sampler, enqueue_logits_rows_greedy, enqueue_logits_gemv_sampler,
                                   enqueue_logits_gemv_greedy};
@@ -805,22 +792,21 @@ static void bench_logits(int M) {
     CK(cudaStreamSynchronize(stream));
     for (int t = 0; t < M; t++) same &= picks[0][t] == picks[1][t] && (!gemv || picks[2][t] == picks[3][t]);
     printf("logits 768->50257 M=%-3d |", M);
-    if (!(e_rows <= 1e-5) || !(e_gemv <= 1e-2) || !(e_ln <= 1e-2) || !same) {
-        printf(" INVALID (rel_l2 %.3g logits_rows, %.3g GEMV, %.3g logits_rows_ln against cuBLASLt; greedy picks %s):"
-               " not timed\n",
-               e_rows, e_gemv, e_ln, same ? "agree" : "differ");
+    if (!(e_rows <= 1e-5) || !(e_gemv <= 1e-2) || !same) {
+        printf(" INVALID (rel_l2 %.3g logits_rows, %.3g GEMV against cuBLASLt; greedy picks %s): not timed\n", e_rows,
+               e_gemv, same ? "agree" : "differ");
     } else {
-        Timing t[9];
-        const EnqueueFn fns[9] = {enqueue_logits_lt,          enqueue_logits_rows,         enqueue_logits_lt_alone,
+        Timing t[8];
+        const EnqueueFn fns[8] = {enqueue_logits_lt,          enqueue_logits_rows,         enqueue_logits_lt_alone,
                                   enqueue_logits_rows_alone,  enqueue_logits_rows_sampler, enqueue_logits_rows_greedy,
-                                  enqueue_logits_rows_ids_alone, enqueue_logits_rows_ids, enqueue_logits_rows_ln_ids};
-        for (int i = 0; i < 9; i++) t[i] = time_it(fns[i], &b, b.nsets);
+                                  enqueue_logits_rows_ids_alone, enqueue_logits_rows_ids};
+        for (int i = 0; i < 8; i++) t[i] = time_it(fns[i], &b, b.nsets);
         printf(" LN + cuBLASLt %6.2f us | LN + logits_rows %6.2f (%.2fx) | alone: cuBLASLt %.2f, logits_rows %.2f"
                " (W at %.0f GB/s) | greedy: LN + logits_rows + sampler %.2f, LN + logits_rows taking it %.2f |"
-               " ids only: logits_rows alone %.2f (W at %.0f GB/s), LN + logits_rows %.2f, logits_rows_ln %.2f\n",
+               " ids only: logits_rows alone %.2f (W at %.0f GB/s), LN + logits_rows %.2f\n",
                t[0].graph_us, t[1].graph_us, t[0].graph_us / t[1].graph_us, t[2].graph_us, t[3].graph_us,
                (double)V * C * 2 / (t[3].graph_us * 1e3), t[4].graph_us, t[5].graph_us, t[6].graph_us,
-               (double)V * C * 2 / (t[6].graph_us * 1e3), t[7].graph_us, t[8].graph_us);
+               (double)V * C * 2 / (t[6].graph_us * 1e3), t[7].graph_us);
         if (gemv)
             printf("    GEMV with lnf inside %.2f us | greedy: GEMV + sampler %.2f, GEMV taking it %.2f\n",
                    time_it(enqueue_logits_gemv, &b, b.nsets).graph_us,
@@ -828,7 +814,7 @@ static void bench_logits(int M) {
                    time_it(enqueue_logits_gemv_greedy, &b, b.nsets).graph_us);
     }
     fflush(stdout);
-    for (int r = 0; r < 4; r++) free(got[r]);
+    for (int r = 0; r < 3; r++) free(got[r]);
     free(hx), free(hg), free(hbeta), free(hs), free(hb);
     free_sets(b.nsets, b.W, b.unused);
     cudaFree(b.x0), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.s), cudaFree(b.b), cudaFree(b.ln), cudaFree(b.y);

@@ -834,133 +834,6 @@ static void test_logits_rows(void) {
     cudaFree(base);
 }
 
-// logits_rows_ln (the final LayerNorm inside the logits) against fp64 references on the host from
-// the same fp32 x and bf16 W: one that rounds the normalised rows to bf16 as the kernel does
-// (gamma (x - mean) rstd, then + W beta after the product), held to rel_l2 <= 1e-3 and
-// max_rel <= 5e-2 (test_fused_linear's bounds: the statistics' fp32 sums round some values the
-// other way, most where the mean is large), and the exact LayerNorm, held to rel_l2 <= 1e-2 (bf16's
-// rounding of the rows). Rows 1-64, the logits' ragged
-// N = 50257, K of each staging width (192, 768, 1024), x's rows strided, rows of large magnitude
-// and of a large mean beside a small spread (where a one-pass variance would fail). Each call also
-// takes the greedy pick (each row's first largest logit as written), then again ids only.
-static void test_logits_rows_ln(void) {
-    static const struct {
-        int M, N, K, ldx_rows;
-        double scale, mean;  // x = mean + scale * uniform
-    } cases[] = {
-        {1, 50257, 768, 1, 1.0, 0.0},  {5, 50257, 768, 3, 300.0, 0.0}, {16, 3000, 768, 1, 0.5, 200.0},
-        {17, 2000, 1024, 2, 1.0, 0.0}, {64, 3000, 768, 1, 2.0, 30.0},  {33, 640, 192, 1, 1.0, 0.0},
-    };
-    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
-        const int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K, ldx = K * cases[ci].ldx_rows;
-        if (small && ci % 2) continue;
-        char name[200];
-        snprintf(name, sizeof(name), "logits_rows_ln M=%d N=%d K=%d ldx %d, x ~ %g + %g", M, N, K, ldx,
-                 cases[ci].mean, cases[ci].scale);
-        if (!logits_rows_ln_takes(M, K)) {
-            CHECK(0, name, "logits_rows_ln_takes refuses a shape it must take");
-            continue;
-        }
-        float *hx = xcalloc((size_t)M * ldx, 4), *hW = xmalloc((size_t)N * K * 4), *hg = xmalloc(K * 4);
-        float *hbeta = xmalloc(K * 4), *hb = xmalloc(N * 4);
-        fill(hW, (size_t)N * K, 1.7 / sqrt((double)K));
-        for (size_t i = 0; i < (size_t)N * K; i++) hW[i] = bf16_to_float(float_to_bf16(hW[i]));  // W as read
-        for (int t = 0; t < M; t++) {
-            fill(hx + (size_t)t * ldx, K, cases[ci].scale);
-            for (int k = 0; k < K; k++) hx[(size_t)t * ldx + k] += (float)cases[ci].mean;
-        }
-        fill(hg, K, 0.2), fill(hbeta, K, 0.1);
-        for (int k = 0; k < K; k++) hg[k] += 1.0f;
-        for (int n = 0; n < N; n++) {  // b' = W beta, as ln_fold.cu computes it
-            double b = 0;
-            for (int k = 0; k < K; k++) b += (double)hW[(size_t)n * K + k] * hbeta[k];
-            hb[n] = (float)b;
-        }
-        // The references: each row normalised in fp64, rounded to bf16 as the kernel rounds it or not.
-        double *want_kern = xmalloc((size_t)M * N * 8), *want_exact = xmalloc((size_t)M * N * 8);
-        double *xk = xmalloc(K * 8), *xe = xmalloc(K * 8);
-        for (int t = 0; t < M; t++) {
-            const float *r = hx + (size_t)t * ldx;
-            double mean = 0, var = 0;
-            for (int k = 0; k < K; k++) mean += r[k];
-            mean /= K;
-            for (int k = 0; k < K; k++) var += (r[k] - mean) * (r[k] - mean);
-            const double rstd = 1.0 / sqrt(var / K + 1e-5);
-            for (int k = 0; k < K; k++) {
-                xe[k] = hg[k] * (r[k] - mean) * rstd;
-                xk[k] = bf16_to_float(float_to_bf16((float)xe[k]));
-                xe[k] += hbeta[k];
-            }
-            for (int n = 0; n < N; n++) {
-                const float *w = hW + (size_t)n * K;
-                double ak = 0, ae = 0;
-                for (int k = 0; k < K; k++) ak += w[k] * xk[k], ae += w[k] * xe[k];
-                want_kern[(size_t)t * N + n] = ak + hb[n];
-                want_exact[(size_t)t * N + n] = ae;
-            }
-        }
-        void *bb[6];
-        float *x = dev_buf((size_t)M * ldx * 4, 0, &bb[0]), *gamma = dev_buf(K * 4, 0, &bb[1]);
-        float *b_folded = dev_buf(N * 4, 0, &bb[2]), *y = dev_buf((size_t)M * N * 4, 0, &bb[3]);
-        uint16_t *W = dev_buf((size_t)N * K * 2, 0, &bb[4]);
-        int *next = dev_buf((size_t)(M + 130) * 8, 0, &bb[5]);
-        upload(x, hx, (size_t)M * ldx, DTYPE_F32), upload(gamma, hg, K, DTYPE_F32);
-        upload(b_folded, hb, N, DTYPE_F32), upload(W, hW, (size_t)N * K, DTYPE_BF16);
-        cuda_ok(cudaMemsetAsync(next, 0, (size_t)(M + 130) * 8, stream), "greedy workspace");
-        cuda_ok(cudaMemsetAsync(y, 0xff, (size_t)M * N * 4, stream), "poison");
-        const LogitsGreedy greedy = {next, (unsigned long long *)(next + 64), (unsigned *)(next + 64 + 2 * M), 0, NULL};
-        LogitsGreedy ids_only = greedy;
-        ids_only.ids_only = 1;
-        ids_only.next_copy = next + 64 + 2 * M + 4;
-        const cudaError_t e = logits_rows_ln(y, N, x, ldx, gamma, b_folded, W, M, N, K, &greedy, stream);
-        cuda_ok(cudaStreamSynchronize(stream), name);
-        float *got = download(y, (size_t)M * N, DTYPE_F32);
-        int hnext[64], again[64], copied[64];
-        cuda_ok(cudaMemcpy(hnext, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
-        const int wrong = greedy_wrong(hnext, got, M, N), dirty = greedy_ws_dirty(greedy.best, M);
-        cuda_ok(cudaMemsetAsync(y, 0xff, (size_t)M * N * 4, stream), "poison");
-        const cudaError_t e2 = logits_rows_ln(y, N, x, ldx, gamma, b_folded, W, M, N, K, &ids_only, stream);
-        cuda_ok(cudaStreamSynchronize(stream), name);
-        float *y2 = download(y, (size_t)M * N, DTYPE_F32);
-        cuda_ok(cudaMemcpy(again, next, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "greedy ids");
-        cuda_ok(cudaMemcpy(copied, ids_only.next_copy, (size_t)M * sizeof(int), cudaMemcpyDeviceToHost), "ids");
-        long long y_written = 0, ids_differ = 0;
-        for (size_t i = 0; i < (size_t)M * N; i++) y_written += !isnan(y2[i]);
-        for (int t = 0; t < M; t++) ids_differ += again[t] != hnext[t] || copied[t] != hnext[t];
-        float *wk = xmalloc((size_t)M * N * 4), *we = xmalloc((size_t)M * N * 4);
-        for (size_t i = 0; i < (size_t)M * N; i++) wk[i] = (float)want_kern[i], we[i] = (float)want_exact[i];
-        const Cmp ck = compare(got, wk, (size_t)M * N), ce = compare(got, we, (size_t)M * N);
-        CHECK(e == cudaSuccess && e2 == cudaSuccess && ck.unwritten == 0 && ck.rel_l2 <= 1e-3 && ck.max_rel <= 5e-2 &&
-                  ce.rel_l2 <= 1e-2 && !wrong && !dirty && y_written == 0 && ids_differ == 0 &&
-                  !greedy_ws_dirty(greedy.best, M),
-              name,
-              "%s / %s; unwritten %lld, rel_l2 %.3g (tol 1e-3), max_rel %.3g (tol 5e-2), exact rel_l2 %.3g (tol 1e-2); "
-              "greedy ids wrong %d, workspace dirty %d; ids only: y written %lld, ids differ %lld",
-              cudaGetErrorString(e), cudaGetErrorString(e2), ck.unwritten, ck.rel_l2, ck.max_rel, ce.rel_l2, wrong,
-              dirty, y_written, ids_differ);
-        free(hx), free(hW), free(hg), free(hbeta), free(hb), free(want_kern), free(want_exact), free(xk), free(xe);
-        free(got), free(y2), free(wk), free(we);
-        for (int i = 0; i < 6; i++) cudaFree(bb[i]);
-    }
-    // What it refuses, launching nothing: K past 1024 or not a multiple of 64, x's rows off 16 bytes,
-    // no gamma or no W beta.
-    void *base;
-    float *d = dev_buf(1 << 24, 0, &base);
-    const cudaError_t e[5] = {
-        logits_rows_ln(d, 64, d, 1280, d, d, d, 4, 64, 1280, NULL, stream),
-        logits_rows_ln(d, 64, d, 104, d, d, d, 4, 64, 104, NULL, stream),
-        logits_rows_ln(d, 64, d + 1, 768, d, d, d, 4, 64, 768, NULL, stream),
-        logits_rows_ln(d, 64, d, 768, NULL, d, d, 4, 64, 768, NULL, stream),
-        logits_rows_ln(d, 64, d, 768, d, NULL, d, 4, 64, 768, NULL, stream),
-    };
-    CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
-              e[3] == cudaErrorInvalidValue && e[4] == cudaErrorInvalidValue && !logits_rows_ln_takes(8, 1600) &&
-              logits_rows_ln_takes(64, 1024),
-          "logits_rows_ln: refuses what it cannot run", "got %d %d %d %d %d, takes %d %d", e[0], e[1], e[2], e[3],
-          e[4], logits_rows_ln_takes(8, 1600), logits_rows_ln_takes(64, 1024));
-    cudaFree(base);
-}
-
 // The greedy pick's ties: W's rows 7, 1500 and 2999 equal (and the rest zero), so row 0 of x, which
 // meets them positively, has three equal largest logits (the pick must be 7, the first, as the host
 // sampler's), and row 1, which meets them negatively, has 2997 equal zeros (the pick must be 0).
@@ -1054,7 +927,7 @@ int main(void) {
     test_tuning();
     test_bad_args();
     if (gemm_rows_available())
-        test_rows(), test_logits_rows(), test_logits_rows_ln(), test_logits_rows_greedy_ties();
+        test_rows(), test_logits_rows(), test_logits_rows_greedy_ties();
     else test_skip("gemm_rows and logits_rows", "not an sm_90 device with an sm_90a build");
 
     matmul_lt_free(lt);
