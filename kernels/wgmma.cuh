@@ -127,4 +127,20 @@ template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8
     wgmma_commit();
 }
 
+// The same slice with its k16 MMAs alternately into d0 (k 0-15, 32-47) and d1 (k 16-31, 48-63): two
+// independent chains of accumulation, so the group completes sooner than one chain of four where a
+// slice's latency, not the tensor cores' rate, is on the path (the logits' ring, logits_rows.cu).
+// The caller adds d1 into d0 when the tile is done.
+template <int N>
+__device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d1)[N / 8][4], const void *a,
+                                                const void *b) {
+    const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);
+    wgmma_hold(d0);
+    wgmma_hold(d1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_ss<N>(kk % 2 ? d1 : d0, ad + 2 * kk, bd + 2 * kk);
+    wgmma_commit();
+}
+
 #undef WGMMA_ASM
