@@ -771,8 +771,8 @@ static void bench_logits(int M) {
     b.greedy = (LogitsGreedy){b.next, (unsigned long long *)(b.next + 2 * ((M + 1) / 2)), NULL, 0, NULL};
     b.greedy.ticket = (unsigned *)(b.greedy.best + M);
     const int gemv = M <= 4;
-    float *got[3] = {NULL};
     const EnqueueFn routes[3] = {enqueue_logits_lt, enqueue_logits_rows, enqueue_logits_gemv};
+    float *got[3] = {NULL};
     for (int r = 0; r < 2 + gemv; r++) {
         CK(cudaMemsetAsync(b.y, 0, (size_t)M * ld * 4, stream));
         routes[r](&b, 0);
