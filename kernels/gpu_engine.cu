@@ -81,7 +81,7 @@ typedef struct {
     int *input_host;
     void *sampling_ws;                  // sample_on_device's workspace, zeroed once at creation
     size_t sampling_ws_bytes;
-    DecodeGraph *graphs;                // [max_batch + 1][slot][fed, chained]: captured on first use
+    DecodeGraph *graphs;                // [decode_graphs()]: decode_graph()'s, captured on first use
     ForwardGraph fwd[FORWARD_GRAPHS];   // forwards of repeated shapes (fused table; GPT2_FORWARD_GRAPH=0: none)
     int fwd_graphs_on;
     unsigned long long forwards;        // forward calls so far (the forward graphs' clock)
@@ -448,6 +448,13 @@ static int *slot_host(GpuEngine *g, int p) { return g->io_host + (size_t)p * g->
 static int *slot_mapped(GpuEngine *g, int p) { return g->io_mapped + (size_t)p * g->io_ints; }
 static int *slot_dev(GpuEngine *g, int p) { return g->io_dev + (size_t)p * (1 + g->s.max_batch); }
 
+// The decode graphs: one per batch size 0..max_batch, staging slot and kind (fed from the host, or
+// chained to the step before).
+static size_t decode_graphs(const GpuState *s) { return 4 * ((size_t)s->max_batch + 1); }
+static DecodeGraph *decode_graph(GpuEngine *g, int B, int p, int chained) {
+    return &g->graphs[(2 * (size_t)B + p) * 2 + chained];
+}
+
 // The sampler on the B rows of s->logits (unless the logits op wrote the greedy ids: `sampled`):
 // the ids into slot q's tokens, host (mapped) and device, the step's `next` staging.
 static int enqueue_pick(GpuEngine *g, int B, const Sampler *smp, int sampled, const float *draws, int q, Error *err) {
@@ -655,7 +662,7 @@ static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos
 static int launch_step(GpuEngine *g, int B, int pos, int chained, const Sampler *smp, Error *err) {
     int p = g->slot;
     if (g->ops->device_position) {
-        DecodeGraph *dg = &g->graphs[(2 * B + p) * 2 + chained];
+        DecodeGraph *dg = decode_graph(g, B, p, chained);
         if (!dg->exec || !same_pick(dg->pick, pick_key(smp)))
             if (capture_decode(g, dg, B, pos, p, chained, smp, err)) return -1;
         CUDA_TRY(cudaGraphLaunch(dg->exec, g->s.stream));
@@ -803,7 +810,7 @@ static void gpu_engine_destroy(Engine *e) {
 #endif
         for (int i = 0; i < g->nevents; i++) CUDA_WARN(cudaEventDestroy(g->events[i]));
         free(g->events);
-        for (int i = 0; g->graphs && i < 4 * (g->s.max_batch + 1); i++)
+        for (size_t i = 0; g->graphs && i < decode_graphs(&g->s); i++)
             if (g->graphs[i].exec) CUDA_WARN(cudaGraphExecDestroy(g->graphs[i].exec));
         for (int p = 0; p < 2; p++)
             if (g->step_done[p]) CUDA_WARN(cudaEventDestroy(g->step_done[p]));
@@ -878,7 +885,7 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
     g->sampling_ws_bytes = sampling_workspace_size(s->max_batch, s->V);
     if (gpu_alloc(&g->sampling_ws, g->sampling_ws_bytes, "the device sampler's workspace", err)) return -1;
     if (g->sampling_ws) CUDA_TRY(cudaMemsetAsync(g->sampling_ws, 0, g->sampling_ws_bytes, s->stream));
-    g->graphs = (DecodeGraph *)xcalloc(4 * ((size_t)s->max_batch + 1), sizeof(DecodeGraph));
+    g->graphs = (DecodeGraph *)xcalloc(decode_graphs(s), sizeof(DecodeGraph));
     const char *fwd_graphs = getenv("GPT2_FORWARD_GRAPH");
     g->fwd_graphs_on = !(fwd_graphs && !strcmp(fwd_graphs, "0"));
     CUDA_TRY(cudaStreamSynchronize(s->stream));

@@ -171,21 +171,23 @@ typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
     float *qkv_mean, *fc_mean;        // [GEMM_ROWS_FOLD_MAX_ROWS] each
+    size_t bytes;                     // all of it
 } FusedWorkspace;
 
+// The layout, in one place: the pointers into s->workspace (NULL before it exists) and its size.
 static FusedWorkspace fused_workspace(const GpuState *s) {
     FusedWorkspace w;
     w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
-    char *greedy = s->workspace ? (char *)s->workspace + w.attention : NULL;
-    w.greedy_best = (unsigned long long *)greedy;
-    w.qkv_mean = greedy ? (float *)(greedy + align256((GREEDY_ROWS + 1) * 8)) : NULL;
-    w.fc_mean = greedy ? w.qkv_mean + GEMM_ROWS_FOLD_MAX_ROWS : NULL;
+    const size_t means = w.attention + align256((GREEDY_ROWS + 1) * 8);
+    w.bytes = means + 2 * GEMM_ROWS_FOLD_MAX_ROWS * sizeof(float);
+    char *base = (char *)s->workspace;
+    w.greedy_best = base ? (unsigned long long *)(base + w.attention) : NULL;
+    w.qkv_mean = base ? (float *)(base + means) : NULL;
+    w.fc_mean = base ? w.qkv_mean + GEMM_ROWS_FOLD_MAX_ROWS : NULL;
     return w;
 }
 
-static size_t fused_workspace_bytes(const GpuState *s) {
-    return fused_workspace(s).attention + align256((GREEDY_ROWS + 1) * 8) + 2 * GEMM_ROWS_FOLD_MAX_ROWS * sizeof(float);
-}
+static size_t fused_workspace_bytes(const GpuState *s) { return fused_workspace(s).bytes; }
 
 // The many-row route's qkv product stays in s->scratch for the attention to read (it also stores the
 // new keys and values into the cache) where the attention can: bf16 prefill and batched decode of one

@@ -488,7 +488,8 @@ static int every_step(void *user, const int *next) {
 static void run_decode(Bench *b, Engine *e, BenchPath path, DType dt, int B, int P, int N, float *logits) {
     const BenchArgs *a = b->args;
     int V = b->model->config.vocab_size;
-    int *prompt = xmalloc((size_t)B * P * sizeof(int)), *first = xmalloc(B * sizeof(int)), *next = xmalloc(B * sizeof(int));
+    int *prompt = xmalloc((size_t)B * P * sizeof(int)), *first = xmalloc(B * sizeof(int));
+    int *next = xmalloc(B * sizeof(int));
     fill_tokens(prompt, (size_t)B * P, V, 3);
     Sampler smp;
     sampler_create(&smp, V, a->temperature, a->top_k, a->top_p, 1);

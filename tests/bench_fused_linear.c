@@ -698,8 +698,8 @@ static void enqueue_logits_rows(void *p, int set) {
 }
 // Greedy's pick by the device sampler's kernel, after the logits.
 static void enqueue_sampler(const LogitsBench *b) {
-    CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, NULL, b->sampling_ws, b->sampling_ws_bytes,
-                        stream));
+    CK(sample_on_device(b->y, b->V, b->ld, b->M, 0.0f, 0, 1.0f, NULL, b->next, NULL, b->sampling_ws,
+                        b->sampling_ws_bytes, stream));
 }
 static void enqueue_logits_rows_sampler(void *p, int set) {
     enqueue_logits_rows(p, set);

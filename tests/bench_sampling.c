@@ -272,8 +272,8 @@ typedef struct {
 } Case;
 
 static void run_new(Case *c) {
-    CK(sample_on_device(c->logits, V, V, c->B, c->set.temperature, c->set.top_k, c->set.top_p, c->u, c->next, NULL, c->ws,
-                        c->ws_bytes, c->st));
+    CK(sample_on_device(c->logits, V, V, c->B, c->set.temperature, c->set.top_k, c->set.top_p, c->u, c->next, NULL,
+                        c->ws, c->ws_bytes, c->st));
 }
 
 static void run_old(Case *c) {
