@@ -129,7 +129,8 @@ template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8
 
 // The same slice with its k16 MMAs alternately into d0 (k 0-15, 32-47) and d1 (k 16-31, 48-63): two
 // independent chains of accumulation, so the group completes sooner than one chain of four where a
-// slice's latency, not the tensor cores' rate, is on the path (the logits' ring, logits_rows.cu).
+// slice's latency, not the tensor cores' rate, is on the path (the logits' ring, logits_rows.cu;
+// gemm_rows.cu's 32- and 64-row tiles).
 // The caller adds d1 into d0 when the tile is done.
 template <int N>
 __device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d1)[N / 8][4], const void *a,
