@@ -114,7 +114,12 @@ static void print_token(Printer *p, int id) {
     char buf[TOKEN_DECODE_MAX];
     size_t n;
     Error err;
-    if (tokenizer_decode_next(p->tok, &p->decoder, id, buf, &n, &err)) die("%s", err.msg);
+    if (id >= tokenizer_vocab_size(p->tok)) {  // a model's id without text (warned of at start): U+FFFD
+        fwrite(buf, 1, token_decoder_flush(&p->decoder, buf), stdout);
+        memcpy(buf, "\xEF\xBF\xBD", n = 3);
+    } else if (tokenizer_decode_next(p->tok, &p->decoder, id, buf, &n, &err)) {
+        die("%s", err.msg);
+    }
     fwrite(buf, 1, n, stdout);
     fflush(stdout);
 }
@@ -172,6 +177,10 @@ int cmd_generate(int argc, char **argv) {
     if (tokenizer_vocab_size(tok) > c->vocab_size)
         die("%s: the model's vocabulary (%d) is smaller than the tokenizer's (%d)", a.model_path, c->vocab_size,
             tokenizer_vocab_size(tok));
+    if (tokenizer_vocab_size(tok) < c->vocab_size && !a.print_ids)  // e.g. nanoGPT's 50304
+        fprintf(stderr, "gpt2: warning: %s: the model's vocabulary (%d) is larger than the tokenizer's (%d); "
+                        "ids past %d have no text and print as U+FFFD (--ids prints ids)\n",
+                a.model_path, c->vocab_size, tokenizer_vocab_size(tok), tokenizer_vocab_size(tok) - 1);
 
     // Prompt → ids; an empty prompt starts from <|endoftext|>, GPT-2's unconditional sampling.
     size_t text_len = strlen(a.prompt), n_prompt = 0, n_replaced = 0;
@@ -196,7 +205,7 @@ int cmd_generate(int argc, char **argv) {
     if (clipped) n_new = maxT - P;  // learned absolute positions: nothing past maxT, never a silent wrap
 
     a.engine.max_batch = a.batch;
-    a.engine.max_seq = P + n_new > 0 ? P + n_new : 1;
+    a.engine.max_seq = P + n_new;  // P >= 1: an empty prompt is <|endoftext|>
     a.engine.dtype = a.dtype < 0 ? model.dtype : (DType)a.dtype;
     Engine *engine = engine_create(&model, &a.engine, &err);
     if (!engine) die("%s", err.msg);
@@ -251,7 +260,9 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "prompt: %d tokens, prefill %.2f ms\n", P, t_prefill);
     fprintf(stderr, "decode: %d steps x %d sequences in %.2f ms, %.1f tokens/s\n", decode_steps, B, decode_ms,
             decode_ms > 0 ? decode_steps * B * 1e3 / decode_ms : 0.0);
-    fprintf(stderr, "total: %d new tokens in %.2f ms\n", steps * B, t_total);
+    int n_generated = 0;  // each sequence's own, <|endoftext|> included; not the steps after it ended
+    for (int b = 0; b < B; b++) n_generated += out.count[b];
+    fprintf(stderr, "total: %d new tokens in %.2f ms\n", n_generated, t_total);
 
     sampler_free(&sampler);
     free(first), free(next), free(logits), free(out.count), free(out.done), free(out.generated), free(tokens);

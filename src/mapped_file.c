@@ -9,10 +9,16 @@
 
 int mapped_file_open(MappedFile *f, const char *path, Error *err) {
     *f = (MappedFile){0};
-    int fd = open(path, O_RDONLY);
+    // O_NONBLOCK: a FIFO's open would otherwise wait for a writer before the check below refuses it.
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return fail(err, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
         return fail(err, "%s: not a regular file", path);
     }

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -134,15 +135,19 @@ int gpt2_model_load(GPT2Model *m, const char *path, Error *err) {
     if (stat(path, &st) != 0) return fail(err, "%s: cannot open: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) {
         // A downloaded Hugging Face directory holds model.safetensors; an llm.c export a .bin.
-        char file[1100];
-        snprintf(file, sizeof(file), "%s/model.safetensors", path);
+        char file[PATH_MAX];
+        // The reason before the path, which the message may cut short.
+        if (snprintf(file, sizeof(file), "%s/model.safetensors", path) >= (int)sizeof(file))
+            return fail(err, "path too long for the files in it: %s", path);
         if (access(file, R_OK) == 0) return safetensors_load_gpt2(m, file, err);
         DIR *dir = opendir(path);
         if (!dir) return fail(err, "%s: cannot open: %s", path, strerror(errno));
-        int bins = 0;
+        int bins = 0, too_long = 0;
         for (struct dirent *e; (e = readdir(dir));)
-            if (ends_with(e->d_name, ".bin") && bins++ == 0) snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
+            if (ends_with(e->d_name, ".bin") && bins++ == 0)
+                too_long = snprintf(file, sizeof(file), "%s/%s", path, e->d_name) >= (int)sizeof(file);
         closedir(dir);
+        if (too_long) return fail(err, "path too long for the files in it: %s", path);
         if (bins == 1) return gpt2_model_load_llmc(m, file, err);
         if (bins > 1)
             return fail(err, "%s: directory holds %d .bin files and no model.safetensors: name one", path, bins);

@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,7 +32,7 @@ static const struct {
     {"I16", 2}, {"U16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 
-// JSON numbers are doubles: an offset or a dimension is a whole number below 2^53, where doubles
+// JSON numbers are doubles: an offset or a dimension is a whole number up to 2^53, where doubles
 // are exact (no file that size exists).
 static int json_size(const cJSON *item, size_t *out) {
     if (!cJSON_IsNumber(item)) return -1;
@@ -208,8 +209,11 @@ static int json_int_field(const cJSON *root, const char *key, int *out) {
 
 int safetensors_read_config(const char *json, size_t json_bytes, const char *what, GPT2Config *c, Error *err) {
     memset(c, 0, sizeof(*c));
-    cJSON *root = cJSON_ParseWithLength(json, json_bytes);
-    if (!root || !cJSON_IsObject(root)) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, json_bytes, &end, 0);
+    size_t parsed = root && end ? (size_t)(end - json) : 0;
+    while (root && parsed < json_bytes && json[parsed] != '\0' && strchr(" \t\r\n", json[parsed])) parsed++;
+    if (!root || !cJSON_IsObject(root) || parsed != json_bytes) {  // whitespace only after the object
         cJSON_Delete(root);
         return fail(err, "%s: not a well-formed JSON object", what);
     }
@@ -524,15 +528,22 @@ int safetensors_gpt2_from_index(GPT2Model *m, const SafetensorsIndex *ix, const 
 
 // Reads config.json from the directory of `path`; returns 1 when there is none, 0 when read, -1 on error.
 static int read_config_beside(const char *path, GPT2Config *c, Error *err) {
-    char cfg[1100];
+    char cfg[PATH_MAX];
     const char *slash = strrchr(path, '/');
-    if (slash) snprintf(cfg, sizeof(cfg), "%.*s/config.json", (int)(slash - path), path);
-    else snprintf(cfg, sizeof(cfg), "config.json");
-    FILE *f = fopen(cfg, "rb");
-    if (!f) {
+    if (slash) {
+        if (snprintf(cfg, sizeof(cfg), "%.*s/config.json", (int)(slash - path), path) >= (int)sizeof(cfg))
+            return fail(err, "path too long for config.json beside it: %s", path);
+    } else {
+        snprintf(cfg, sizeof(cfg), "config.json");
+    }
+    struct stat st;  // first, so that a FIFO is refused rather than waited on
+    if (stat(cfg, &st) != 0) {
         if (errno == ENOENT) return 1;
         return fail(err, "%s: cannot open: %s", cfg, strerror(errno));
     }
+    if (!S_ISREG(st.st_mode)) return fail(err, "%s: not a regular file", cfg);
+    FILE *f = fopen(cfg, "rb");
+    if (!f) return fail(err, "%s: cannot open: %s", cfg, strerror(errno));
     // A GPT-2 config.json is about 1 KB; a megabyte is room for any annotations.
     enum { MAX_CONFIG = 1 << 20 };
     char *text = xmalloc(MAX_CONFIG);

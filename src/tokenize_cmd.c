@@ -17,6 +17,7 @@ static char *read_all(const char *path, size_t *len) {
     if (!f) return NULL;
     size_t cap = 1 << 16, n = 0, got;
     char *buf = xmalloc(cap);
+    errno = 0;
     while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
         n += got;
         if (n == cap - 1) {
@@ -24,11 +25,11 @@ static char *read_all(const char *path, size_t *len) {
             if (!buf) die("out of host memory reading %s", path);
         }
     }
-    int bad = ferror(f);
+    const int bad = ferror(f), e = errno;  // fread's own reason (EISDIR for a directory), else EIO
     if (f != stdin) fclose(f);
     if (bad) {
         free(buf);
-        errno = EIO;
+        errno = e ? e : EIO;
         return NULL;
     }
     buf[n] = '\0';

@@ -4,7 +4,10 @@
 // 256 int32 header [0] magic 20240327, [1] version 2, [2] B, [3] T; then x int32[B*T],
 // y int32[B*T] (targets), logits fp32[B*T*V] (V unpadded), loss fp32; anything after is ignored.
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "commands.h"
@@ -27,11 +30,19 @@ static int read_exact(FILE *f, void *dst, size_t bytes) { return fread(dst, 1, b
 
 static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error *err) {
     memset(d, 0, sizeof(*d));
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, "%s: cannot open: %s", path, strerror(errno));
+    const int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO: refused below, not waited on
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (!f) {
+        const int e = errno;
+        if (fd >= 0) close(fd);
+        return fail(err, "%s: cannot open: %s", path, strerror(e));
+    }
     int32_t h[DUMP_HEADER_INTS];
     int rc = 0;
-    if (read_exact(f, h, sizeof(h))) {
+    struct stat st;  // its size is checked before the header's B and T size any allocation
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = fail(err, "%s: not a regular file", path);
+    } else if (read_exact(f, h, sizeof(h))) {
         rc = fail(err, "%s: truncated: shorter than the 1024-byte header", path);
     } else if (h[0] != DUMP_MAGIC) {
         rc = fail(err, "%s: bad magic %d (want %d): not a logits dump", path, h[0], DUMP_MAGIC);
@@ -43,13 +54,17 @@ static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error
     } else {
         d->B = h[2], d->T = h[3];
         size_t n = (size_t)d->B * d->T, V = (size_t)c->vocab_size;
-        d->inputs = xmalloc(n * sizeof(int));
-        d->targets = xmalloc(n * sizeof(int));
-        d->logits = xmalloc(n * V * sizeof(float));
-        if (read_exact(f, d->inputs, n * sizeof(int)) || read_exact(f, d->targets, n * sizeof(int)) ||
-            read_exact(f, d->logits, n * V * sizeof(float)) || read_exact(f, &d->loss, sizeof(float)))
-            rc = fail(err, "%s: truncated: B=%d T=%d with V=%zu needs %zu bytes", path, d->B, d->T, V,
-                      sizeof(h) + 2 * n * sizeof(int) + n * V * sizeof(float) + sizeof(float));
+        const size_t need = sizeof(h) + 2 * n * sizeof(int) + n * V * sizeof(float) + sizeof(float);
+        if ((size_t)st.st_size < need) {
+            rc = fail(err, "%s: truncated: B=%d T=%d with V=%zu needs %zu bytes", path, d->B, d->T, V, need);
+        } else {
+            d->inputs = xmalloc(n * sizeof(int));
+            d->targets = xmalloc(n * sizeof(int));
+            d->logits = xmalloc(n * V * sizeof(float));
+            if (read_exact(f, d->inputs, n * sizeof(int)) || read_exact(f, d->targets, n * sizeof(int)) ||
+                read_exact(f, d->logits, n * V * sizeof(float)) || read_exact(f, &d->loss, sizeof(float)))
+                rc = fail(err, "%s: read error", path);
+        }
         for (size_t i = 0; rc == 0 && i < n; i++)
             if (d->inputs[i] < 0 || d->inputs[i] >= c->vocab_size || d->targets[i] < -1 ||
                 d->targets[i] >= c->vocab_size)

@@ -40,6 +40,29 @@ expect_error generate_unknown_flag "unknown argument '--frobnicate'" g --frobnic
 expect_error generate_missing_model "make download" "$GPT2_BIN" -m "$dir/nope.bin" -p hi
 expect_error generate_bad_dtype "--dtype: 'fp64'" g --dtype fp64
 
+# A model vocabulary past the tokenizer's (nanoGPT pads to 50304): one warning at the start, and ids
+# without text print as U+FFFD instead of ending the run. ln_f's output is made all ones and so is
+# id 50299's row, so greedy picks 50299 at every step.
+v="$dir/vocab50300.bin"
+$PY scripts/make_model.py --out "$v" --layers 1 --channels 64 --heads 4 --vocab 50300 --max-seq 16 --seed 3 \
+    2>/dev/null && $PY - "$v" <<'EOF'
+import array, sys
+C, raw = 64, open(sys.argv[1], "rb").read()
+w = array.array("f"); w.frombytes(raw[1024:])
+n = len(w)
+for i in range(C):
+    w[n - 2 * C + i], w[n - C + i] = 0.0, 1.0  # ln_f: weight 0, bias 1
+    w[50299 * C + i] = 1.0
+open(sys.argv[1], "wb").write(raw[:1024] + w.tobytes())
+EOF
+check generate_vocab_model $? "make_model.py or the edit failed"
+ids=$("$GPT2_BIN" -m "$v" --cpu -p Hi -n 3 --temp 0 --ids 2>/dev/null | xargs)
+[ "$ids" = "17250 50299 50299 50299" ]; check generate_vocab_past_tokenizer_ids $? "got '$ids'"
+text=$("$GPT2_BIN" -m "$v" --cpu -p Hi -n 3 --temp 0 2>"$dir/vocab.err"); rc=$?
+[ $rc -eq 0 ] && [ "$text" = "Hi"$'\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd' ] &&
+    grep -q "larger than the tokenizer's (50257)" "$dir/vocab.err"
+check generate_vocab_past_tokenizer_text $? "exit $rc, stdout '$text', stderr: $(cat "$dir/vocab.err")"
+
 # Without a GPU the default runs on the CPU with a one-line note; --gpu makes that an error.
 if ! have_gpu; then
     note=$("$GPT2_BIN" -m "$m" -p "Hi" -n 2 --temp 0 2>&1 >/dev/null)

@@ -33,6 +33,9 @@ want=$(printf 'caf\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd' | tok)
 check tokenize_invalid_utf8 $? "ids '$ids' (want '$want'), stderr: $(cat "$GPT2_TMP/warn.txt")"
 
 expect_error tokenize_missing_file "gpt2: tokenize: $GPT2_TMP/none.txt" "$GPT2_BIN" tokenize -f "$GPT2_TMP/none.txt"
+mkdir -p "$GPT2_TMP/a_directory"
+expect_error tokenize_file_is_directory "$GPT2_TMP/a_directory: Is a directory" \
+    "$GPT2_BIN" tokenize -f "$GPT2_TMP/a_directory"
 expect_error tokenize_bad_dir "encoder.json" "$GPT2_BIN" tokenize -t "$GPT2_TMP/no-tokenizer" "x"
 
 # ----------------------------------------------------------------------------

@@ -39,6 +39,17 @@ printf 'garbage' >"$dir/short.dump"
 expect_error dump_truncated_header "truncated" "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.bin" "$dir/short.dump"
 head -c 2000 "$dir/odd_shape_fp32.dump" >"$dir/cut.dump"
 expect_error dump_truncated_logits "truncated" "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.bin" "$dir/cut.dump"
+# A header whose B and T would need 52 GB of logits: the file's size is checked before any allocation.
+$PY -c 'import struct, sys; h = bytearray(open(sys.argv[1], "rb").read(1024)); h[8:16] = struct.pack("<ii", 4096, 64)
+open(sys.argv[2], "wb").write(bytes(h))' "$dir/odd_shape_fp32.dump" "$dir/huge.dump"
+expect_error dump_absurd_header_sizes "truncated: B=4096 T=64" \
+    "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.bin" "$dir/huge.dump"
+mkdir -p "$dir/dump_dir"
+expect_error dump_is_directory "not a regular file" \
+    "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.bin" "$dir/dump_dir"
+rm -f "$dir/fifo.dump" && mkfifo "$dir/fifo.dump"  # no writer: refused, not waited on
+expect_error dump_is_fifo "not a regular file" \
+    timeout 20 "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.bin" "$dir/fifo.dump"
 expect_error dump_bad_magic "bad magic" "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.bin" "$dir/odd_shape_fp32.bin"
 expect_error model_bad_magic "bad magic" "$GPT2_BIN" validate --cpu -m "$dir/odd_shape_fp32.dump" "$dir/odd_shape_fp32.dump"
 exit 0

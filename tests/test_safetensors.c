@@ -2,6 +2,7 @@
 // must load into the same bytes (F32, BF16, F16, mixed, with and without the "transformer."
 // prefix, with and without config.json), and every malformed file must fail with its one-line
 // message naming the file.
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -187,6 +188,16 @@ static void write_text(const char *path, const char *text) {
 static const char *tiny_config_json =
     "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, "
     "\"n_embd\": 64, \"n_positions\": 16, \"vocab_size\": 300, \"layer_norm_epsilon\": 1e-05}";
+
+// Appends to dir a new subdirectory, a name of min(len, 200) - 1 'd's, and makes it.
+static void deep_mkdir(char dir[PATH_MAX], int len) {
+    if (len > 200) len = 200;
+    size_t n = strlen(dir);
+    dir[n++] = '/';
+    memset(dir + n, 'd', (size_t)len - 1);
+    dir[n + len - 1] = '\0';
+    mkdir(dir, 0755);
+}
 
 // ----------------------------------------------------------------------------
 // Checks
@@ -407,6 +418,14 @@ int main(void) {
     expect_error_in("safetensors_config_bad_json", path, cfg, "config.json: not a well-formed JSON object");
     write_text(cfg, "{\"n_layer\": 2, \"n_embd\": 64, \"n_positions\": 16, \"vocab_size\": 300}");
     expect_error_in("safetensors_config_missing_key", path, cfg, "missing or invalid integer 'n_head'");
+    char trailing[512];  // a second object after the first is not ignored
+    snprintf(trailing, sizeof(trailing), "%s\n{\"n_head\": 1}", tiny_config_json);
+    write_text(cfg, trailing);
+    expect_error_in("safetensors_config_trailing_garbage", path, cfg, "config.json: not a well-formed JSON object");
+    unlink(cfg);  // a FIFO with no writer: refused, not waited on
+    CHECK(mkfifo(cfg, 0644) == 0, "safetensors_config_fifo_made", "mkfifo %s", cfg);
+    expect_error_in("safetensors_config_fifo", path, cfg, "not a regular file");
+    unlink(cfg);
     write_text(cfg, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 128, \"n_positions\": 16, \"vocab_size\": 300}");
     expect_error("safetensors_config_disagrees", path,
                  "wte.weight has shape [300, 64], but config.json implies [300, 128]");
@@ -425,6 +444,30 @@ int main(void) {
     write_st(path, &l);
     expect_error("safetensors_no_config_heads_unknown", path, "cannot tell the number of heads");
     list_free(&l);
+
+    // A model path that is a FIFO with no writer: refused, not waited on.
+    dir = case_dir("fifo", 1);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    CHECK(mkfifo(path, 0644) == 0, "safetensors_fifo_made", "mkfifo %s", path);
+    expect_error("safetensors_fifo", path, "not a regular file");
+    unlink(path);
+
+    // Long paths: config.json beside a model 1,100 characters deep is still read (its n_head=4, where
+    // head size 64 alone would give 1); a directory too deep for "/model.safetensors" to fit in
+    // PATH_MAX is one clear error.
+    char deep[PATH_MAX];
+    snprintf(deep, sizeof(deep), "%s", root);
+    while (strlen(deep) < 1100) deep_mkdir(deep, 200);
+    char deep_file[PATH_MAX + 32];
+    snprintf(deep_file, sizeof(deep_file), "%s/config.json", deep);
+    write_text(deep_file, tiny_config_json);
+    hf_from_llmc(&l, params, counts, "F32", "");
+    snprintf(deep_file, sizeof(deep_file), "%s/model.safetensors", deep);
+    write_st(deep_file, &l);
+    list_free(&l);
+    expect_same("safetensors_long_path_reads_config", deep, &ref32, 4, 1);
+    while (strlen(deep) < PATH_MAX - 18) deep_mkdir(deep, PATH_MAX - 18 - (int)strlen(deep));
+    expect_error_in("model_directory_path_too_long", deep, root, "path too long for the files in it");
 
     // --- Malformed containers (the header parser)
 
