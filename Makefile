@@ -98,8 +98,9 @@ build/libktrace.so: scripts/ktrace.c
 	$(CC) -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -shared -fPIC $(CUPTI_DIRS:%=-I%/include) -o $@ $< \
 	    $(foreach d,$(CUPTI_DIRS),-L$(d)/lib64 -L$(d)/lib -Wl,-rpath,$(d)/lib64 -Wl,-rpath,$(d)/lib) -lcupti
 
+# MODEL from the command line only: an environment's MODEL (common in ML setups) is not a GPT-2 size.
 download:
-	bash scripts/download_model.sh $(or $(MODEL),gpt2)
+	bash scripts/download_model.sh $(if $(filter command line,$(origin MODEL)),$(MODEL),gpt2)
 
 clean:
 	rm -rf build gpt2

@@ -289,8 +289,9 @@ def main():
                         agree += int((nxt == ref[i]).all())
                     out["checks"].append({"what": f"compiled vs eager greedy steps, {dname} B={B}", "agree": agree,
                                           "of": 4})
-                    # fp32 must agree; bf16 picks may flip on near-ties (random weights give flat
-                    # logits, and Inductor rounds in another order), so they are recorded, not fatal.
+                    # fp32 must agree on 3 of the 4 steps (one near-tie may flip); bf16 picks flip more
+                    # often (random weights give flat logits, and Inductor rounds in another order), so
+                    # they are recorded, not fatal.
                     if agree < 4:
                         log(f"compiled vs eager greedy steps {dname} B={B}: {agree} of 4 agree")
                     if agree < 3 and dname == "fp32":

@@ -56,7 +56,7 @@ EOF
 remote_size() {  # url -> prints the size, or nothing when the hub gives none
     local url=$1 headers status location hops
     for hops in 1 2 3 4 5; do
-        headers=$(curl -sS -I --connect-timeout 15 --max-time 60 --retry 2 "${auth[@]}" "$url" 2>&1) ||
+        headers=$(curl -sS -I --connect-timeout 15 --max-time 60 --retry 2 ${auth[@]+"${auth[@]}"} "$url" 2>&1) ||
             offline "$(printf '%s' "$headers" | tail -n 1)"
         headers=$(printf '%s' "$headers" | tr -d '\r')
         status=$(printf '%s\n' "$headers" | awk 'toupper($1) ~ /^HTTP\// { s = $2 } END { print s }')
@@ -100,7 +100,7 @@ fetch() {  # file
         echo "$file <- $url${size:+ ($size bytes)}"
         local progress=(--progress-bar)
         [ -t 2 ] || progress=(-sS)
-        if ! curl -fL -C - --retry 5 --retry-delay 3 --connect-timeout 15 "${progress[@]}" "${auth[@]}" -o "$part" "$url"; then
+        if ! curl -fL -C - --retry 5 --retry-delay 3 --connect-timeout 15 "${progress[@]}" ${auth[@]+"${auth[@]}"} -o "$part" "$url"; then
             echo "$prog: download of $file interrupted; run the same command again to resume from $part" >&2
             exit 1
         fi

@@ -97,6 +97,9 @@ check e2e_download_fetch $((rc + $?)) "rc=$rc: $(tail -n 3 "$dir/out.txt")"
 : >"$dir/requests.log"
 dl gpt2 && ! grep -q '^GET' "$dir/requests.log" && grep -q 'already complete' "$dir/out.txt"
 check e2e_download_complete_left_alone $? "downloaded again: $(cat "$dir/requests.log")"
+# `make download` takes MODEL from its command line only, not from an environment's MODEL.
+MODEL=/data/llama make -s download >"$dir/make.txt" 2>&1 && grep -q 'already complete' "$dir/make.txt"
+check e2e_download_make_ignores_env_model $? "$(tail -n 3 "$dir/make.txt")"
 
 # An interrupted download: the first 100000 bytes are there; only the rest may be fetched.
 rm -f "$got" && head -c 100000 "$dir/payload" >"$got.part" && : >"$dir/requests.log"
