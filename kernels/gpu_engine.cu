@@ -2,11 +2,13 @@
 // per-block op table (BlockOps) chosen once here: the fused kernels for BACKEND_GPU, the reference
 // ops for BACKEND_GPU_REFERENCE. Everything an op needs lives in GpuState (block_ops.h).
 //
-// Device memory, three allocations, reported at creation:
+// Device memory, three large allocations, reported at creation:
 //   weights      matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw) in the compute dtype, LayerNorm
 //                parameters and biases in fp32, and the LayerNorm-folded vectors s and b'
 //   KV cache     K and V, each [L][max_batch][NH][max_seq][HS] in the compute dtype
 //   activations  buffers for max_batch * max_seq rows (a full-context prefill of every sequence)
+// and, not in the report, cuBLAS's and cuBLASLt's workspaces (kCublasWorkspaceBytes each), the
+// device sampler's (sampling_workspace_size: 64 KB a sequence) and the step's small I/O buffer.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
