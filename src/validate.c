@@ -3,15 +3,12 @@
 // The dump uses llm.c's debug-state layout (so llm.c's own gpt2_124M_debug_state.bin works):
 // 256 int32 header [0] magic 20240327, [1] version 2, [2] B, [3] T; then x int32[B*T],
 // y int32[B*T] (targets), logits fp32[B*T*V] (V unpadded), loss fp32; anything after is ignored.
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "commands.h"
 #include "engine.h"
+#include "mapped_file.h"
 
 enum { DUMP_HEADER_INTS = 256, DUMP_MAGIC = 20240327, DUMP_VERSION = 2 };
 
@@ -26,23 +23,13 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // Reading the dump
 
-static int read_exact(FILE *f, void *dst, size_t bytes) { return fread(dst, 1, bytes, f) == bytes ? 0 : -1; }
-
 static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error *err) {
     memset(d, 0, sizeof(*d));
-    const int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO: refused below, not waited on
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
-    if (!f) {
-        const int e = errno;
-        if (fd >= 0) close(fd);
-        return fail(err, "%s: cannot open: %s", path, strerror(e));
-    }
-    int32_t h[DUMP_HEADER_INTS];
+    MappedFile f;  // mapped_file refuses what is not a regular file (a FIFO included) and gives the size
+    if (mapped_file_open(&f, path, err)) return -1;
+    const int32_t *h = f.data;
     int rc = 0;
-    struct stat st;  // its size is checked before the header's B and T size any allocation
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = fail(err, "%s: not a regular file", path);
-    } else if (read_exact(f, h, sizeof(h))) {
+    if (f.bytes < DUMP_HEADER_INTS * sizeof(int32_t)) {
         rc = fail(err, "%s: truncated: shorter than the 1024-byte header", path);
     } else if (h[0] != DUMP_MAGIC) {
         rc = fail(err, "%s: bad magic %d (want %d): not a logits dump", path, h[0], DUMP_MAGIC);
@@ -54,16 +41,20 @@ static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error
     } else {
         d->B = h[2], d->T = h[3];
         size_t n = (size_t)d->B * d->T, V = (size_t)c->vocab_size;
-        const size_t need = sizeof(h) + 2 * n * sizeof(int) + n * V * sizeof(float) + sizeof(float);
-        if ((size_t)st.st_size < need) {
+        // The size first: the header's B and T size the copies below.
+        const size_t need = (DUMP_HEADER_INTS + 2 * n) * sizeof(int32_t) + (n * V + 1) * sizeof(float);
+        if (f.bytes < need) {
             rc = fail(err, "%s: truncated: B=%d T=%d with V=%zu needs %zu bytes", path, d->B, d->T, V, need);
         } else {
+            const int32_t *inputs = h + DUMP_HEADER_INTS, *targets = inputs + n;
+            const float *logits = (const float *)(targets + n);
             d->inputs = xmalloc(n * sizeof(int));
             d->targets = xmalloc(n * sizeof(int));
             d->logits = xmalloc(n * V * sizeof(float));
-            if (read_exact(f, d->inputs, n * sizeof(int)) || read_exact(f, d->targets, n * sizeof(int)) ||
-                read_exact(f, d->logits, n * V * sizeof(float)) || read_exact(f, &d->loss, sizeof(float)))
-                rc = fail(err, "%s: read error", path);
+            memcpy(d->inputs, inputs, n * sizeof(int));
+            memcpy(d->targets, targets, n * sizeof(int));
+            memcpy(d->logits, logits, n * V * sizeof(float));
+            memcpy(&d->loss, logits + n * V, sizeof(float));
         }
         for (size_t i = 0; rc == 0 && i < n; i++)
             if (d->inputs[i] < 0 || d->inputs[i] >= c->vocab_size || d->targets[i] < -1 ||
@@ -72,7 +63,7 @@ static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error
                           d->inputs[i] < 0 || d->inputs[i] >= c->vocab_size ? d->inputs[i] : d->targets[i], i,
                           c->vocab_size);
     }
-    fclose(f);
+    mapped_file_close(&f);
     if (rc != 0) free(d->inputs), free(d->targets), free(d->logits);
     return rc;
 }
