@@ -137,6 +137,24 @@ static int check_tiling(const SafetensorsIndex *ix, const char *what, Error *err
     return rc;
 }
 
+// A JSON object in text[0, n) with nothing but whitespace after it (safetensors' header and
+// config.json alike); NULL otherwise, with *stopped the byte where reading it failed.
+static cJSON *parse_json_object(const char *text, size_t n, size_t *stopped) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        *stopped = at && at >= text && at <= text + n ? (size_t)(at - text) : 0;
+        return NULL;
+    }
+    size_t parsed = end ? (size_t)(end - text) : 0;
+    while (parsed < n && text[parsed] != '\0' && strchr(" \t\r\n", text[parsed])) parsed++;
+    *stopped = parsed;
+    if (cJSON_IsObject(root) && parsed == n) return root;
+    cJSON_Delete(root);
+    return NULL;
+}
+
 int safetensors_parse_header(const uint8_t *file, size_t file_bytes, const char *what, SafetensorsIndex *out,
                              Error *err) {
     memset(out, 0, sizeof(*out));
@@ -156,15 +174,12 @@ int safetensors_parse_header(const uint8_t *file, size_t file_bytes, const char 
     char *text = xmalloc((size_t)n + 1);
     memcpy(text, file + 8, (size_t)n);
     text[n] = '\0';
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)n, &end, 0);
-    size_t parsed = root && end ? (size_t)(end - text) : 0;
-    // Writers pad the header with spaces so the data starts aligned; anything else after the JSON is garbage.
-    while (root && parsed < n && text[parsed] != '\0' && strchr(" \t\r\n", text[parsed])) parsed++;
+    // Writers pad the header with spaces so the data starts aligned.
+    size_t stopped;
+    cJSON *root = parse_json_object(text, (size_t)n, &stopped);
     int rc = 0;
-    if (!root || !cJSON_IsObject(root) || parsed != n) {
-        rc = fail(err, "%s: header is not well-formed JSON (error near byte %zu of %llu)", what,
-                  root ? parsed : (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0),
+    if (!root) {
+        rc = fail(err, "%s: header is not well-formed JSON (error near byte %zu of %llu)", what, stopped,
                   (unsigned long long)n);
     } else {
         out->data = file + 8 + n;
@@ -209,14 +224,9 @@ static int json_int_field(const cJSON *root, const char *key, int *out) {
 
 int safetensors_read_config(const char *json, size_t json_bytes, const char *what, GPT2Config *c, Error *err) {
     memset(c, 0, sizeof(*c));
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, json_bytes, &end, 0);
-    size_t parsed = root && end ? (size_t)(end - json) : 0;
-    while (root && parsed < json_bytes && json[parsed] != '\0' && strchr(" \t\r\n", json[parsed])) parsed++;
-    if (!root || !cJSON_IsObject(root) || parsed != json_bytes) {  // whitespace only after the object
-        cJSON_Delete(root);
-        return fail(err, "%s: not a well-formed JSON object", what);
-    }
+    size_t stopped;
+    cJSON *root = parse_json_object(json, json_bytes, &stopped);
+    if (!root) return fail(err, "%s: not a well-formed JSON object", what);
     static const char *const keys[] = {"n_layer", "n_head", "n_embd", "vocab_size"};
     int *slots[] = {&c->num_layers, &c->num_heads, &c->channels, &c->vocab_size};
     int rc = 0;
