@@ -103,6 +103,10 @@ typedef struct {
     // pos + T there) and each sequence's pick at [1 + b] (the logits op's greedy one, or the
     // sampler's), so that a chained step needs no copy from the host (gpu_engine.cu). NULL: nowhere.
     int *next_staging;
+    // 1: the step's rows were gathered to the front after this layer's attention (a prompt's last layer,
+    // one row a sequence: gpu_engine.cu, enqueue_model), so what an op measured on the rows before then
+    // (the LayerNorm fold's means) belongs to other rows, or to an earlier step.
+    int rows_gathered;
 } GpuStep;
 
 // Every op returns 0, or -1 with one line in err. Ops only enqueue work on s->stream.

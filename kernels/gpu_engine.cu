@@ -404,7 +404,7 @@ static int enqueue_model(GpuEngine *g, const GpuStep *st, const int *tokens_dev,
     cudaStream_t stream = s->stream;
     const int last_only = !all_positions && st->T > 1;
     const GpuStep last = {st->B, 1, st->pos + st->T - 1, st->B, NULL, st->greedy_next, st->greedy_written,
-                          st->next_staging};
+                          st->next_staging, 1};
     const GpuStep *rest = st;  // the step after the attention: `last` in a last_only step's last layer
     const GpuLayer *first = &s->layers[0];
     void *ln1 = ops->embedding_writes_ln1 && ops->embedding_writes_ln1(s, st) ? s->ln : NULL;
@@ -580,7 +580,7 @@ static int gpu_forward_impl(Engine *e, const int *tokens, int B, int T, int pos,
     GpuState *s = &g->s;
     if (refuse_if_queued(g, err) || check_step(s, tokens, B, T, pos, err)) return -1;
     g->chain_B = 0;  // the next tokens come from the host (engine_decode's sampler)
-    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL, NULL};
+    GpuStep st = {B, T, pos, B * T, NULL, NULL, NULL, NULL, 0};
     cudaStream_t stream = s->stream;
     int profile = g->prof != NULL, n = 0, *ev = &n;
 
@@ -624,7 +624,7 @@ static int enqueue_decode(GpuEngine *g, int B, int pos, int p, int chained, cons
         CUDA_TRY(cudaMemcpyAsync(in, slot_host(g, p), (1 + (size_t)B) * sizeof(int), cudaMemcpyHostToDevice,
                                  s->stream));
     int *picks = smp->temperature <= 0.0f ? slot_mapped(g, 1 - p) + 1 : NULL;
-    GpuStep st = {B, 1, pos, B, in_graph ? in : NULL, picks, &sampled, slot_dev(g, 1 - p)};
+    GpuStep st = {B, 1, pos, B, in_graph ? in : NULL, picks, &sampled, slot_dev(g, 1 - p), 0};
     if (enqueue_model(g, &st, in + 1, 0, 0, &unused, NULL, NULL, err)) return -1;
     return enqueue_pick(g, B, smp, sampled, (const float *)(slot_mapped(g, p) + 1 + s->max_batch), 1 - p, err);
 }
@@ -651,7 +651,7 @@ static int enqueue_prompt(GpuEngine *g, const int *tokens, int B, int T, int pos
                           Error *err) {
     int unused = 0, sampled = 0;
     GpuStep st = {B, T, pos, B * T, NULL, smp->temperature <= 0.0f ? slot_mapped(g, 0) + 1 : NULL, &sampled,
-                  slot_dev(g, 0)};
+                  slot_dev(g, 0), 0};
     if (upload_inputs(g, tokens, st.M, u, B, err)) return -1;
     if (run_forward(g, &st, 0, smp, 0, &unused, NULL, NULL, err)) return -1;
     g->slot = 0;

@@ -295,13 +295,21 @@ static int fused_attention_op(GpuState *s, const GpuStep *st, int l, Error *err)
     return 0;
 }
 
+// The shift c of ln2's copy and of fc's fold, which must agree: qkv's means from layer 1 on, where qkv
+// folded its LayerNorm over this step's rows; none (c = 0, as in layer 0) where the rows were gathered
+// after the attention, since qkv's means then belong to other rows (or, past gemm_rows_fold's rows, to
+// an earlier step, and a prompt's logits would depend on what ran before it).
+static const float *qkv_shift(const GpuState *s, const GpuStep *st, int l) {
+    return l > 0 && !st->rows_gathered ? fused_workspace(s).qkv_mean : NULL;
+}
+
 // None of the ops below depends on the position.
 static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_PLAIN, st->M, s->C, s->C)) {
-        const int fold = ln_folded(s, st->M);  // the copy for ln2, shifted by qkv's means (layer 0: none)
+        const int fold = ln_folded(s, st->M);  // the copy for ln2
         return residual_product(s, st, s->atty, ly->attprojw, ly->attprojb, s->C, fold ? ly->ln2w : NULL,
-                                l > 0 ? fused_workspace(s).qkv_mean : NULL, err);
+                                qkv_shift(s, st, l), err);
     }
     FUSED_TRY(linear_residual(s->atty, ly->attprojw, s->dtype, ly->attprojb, s->x, st->M, s->C, s->C, s->stream));
     return 0;
@@ -310,11 +318,9 @@ static int fused_attn_out(GpuState *s, const GpuStep *st, int l, Error *err) {
 static int fused_mlp_in(GpuState *s, const GpuStep *st, int l, Error *err) {
     const GpuLayer *ly = &s->layers[l];
     if (st->M > fused_rows(s, LINEAR_OP_LN, st->M, 4 * s->C, s->C)) {
-        if (ln_folded(s, st->M)) {
-            const FusedWorkspace w = fused_workspace(s);
+        if (ln_folded(s, st->M))
             return folded_product(s, st, MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, ly->fcw, ly->fc_s, ly->fc_b,
-                                  l > 0 ? w.qkv_mean : NULL, w.fc_mean, err);
-        }
+                                  qkv_shift(s, st, l), fused_workspace(s).fc_mean, err);
         if (ln_in_product(s, st->M, 4 * s->C)) {
             CUDA_TRY(gemm_rows_ln(MATMUL_LT_BIAS_GELU, s->h, 4 * s->C, s->x, s->C, ly->ln2w, ly->fcw, ly->fc_b, st->M,
                                   4 * s->C, s->C, s->stream));

@@ -3,7 +3,7 @@
 // and bf16, head sizes 32 and 64, contexts up to 1024; its prompts' last layers run on their last
 // rows only, so this checks that too), the fused path's graph-replayed, device-sampled decode
 // step, decode steps queued ahead of their picks, bf16 against fp32, the LayerNorm-folded vectors,
-// the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips without a
+// a prompt's logits after other steps, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips without a
 // GPU.
 #include <glob.h>
 #include <math.h>
@@ -486,6 +486,33 @@ static void check_folded(const GPT2Model *m, const char *tag, DType dt) {
     engine_free(e);
 }
 
+// A prompt's last-token logits do not hang on what the engine ran before: the same prompt on a fresh
+// engine and after a prompt and a step of other tokens, bit for bit, in bf16. B within the LayerNorm
+// fold's rows and B * T past them: on Hopper the last layer's rows, gathered one a sequence, fold their
+// LayerNorms while qkv, over all B * T rows, did not (its means would be the earlier step's).
+static void check_prompt_repeats(const GPT2Model *m, const char *tag, int B, int T) {
+    char name[160];
+    snprintf(name, sizeof(name), "gpu_fused_prompt_repeats_%s_bf16_B%d_T%d", tag, B, T);
+    Error err;
+    const int V = m->config.vocab_size;
+    Engine *fresh, *used;
+    if (!make_engines(m, name, BACKEND_GPU, DTYPE_BF16, BACKEND_GPU, DTYPE_BF16, B, T + 1, &fresh, &used)) return;
+    int *tok = random_tokens(B * T, V, 41 + B), *other = random_tokens(B * (T + 1), V, 43 + B);
+    const size_t n = (size_t)B * V;
+    float *want = xmalloc(n * sizeof(float)), *got = xmalloc(n * sizeof(float));
+    int rc = fresh->forward(fresh, tok, B, T, 0, want, 0, &err);
+    if (rc == 0) rc = used->forward(used, other, B, T, 0, got, 0, &err);
+    if (rc == 0) rc = used->forward(used, other + (size_t)B * T, B, 1, T, got, 0, &err);
+    if (rc == 0) rc = used->forward(used, tok, B, T, 0, got, 0, &err);
+    size_t differ = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    if (rc) CHECK(0, name, "forward: %s", err.msg);
+    else CHECK(differ == 0, name, "%zu of %zu logits differ from the fresh engine's", differ, n);
+    free(tok), free(other), free(want), free(got);
+    engine_free(fresh);
+    engine_free(used);
+}
+
 static int trace_calls, trace_bad;
 static void on_trace(void *user, int layer, const float *x, int B, int T, int C) {
     (void)user;
@@ -617,6 +644,7 @@ int main(void) {
         // product (on Hopper the LayerNorms folded into qkv and fc: gemm_rows_fold, two row tiles, c
         // from the other product's means in layer 1).
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 40, T, T / 3, DTYPE_BF16, 3e-2);
+        if (i == 0) check_prompt_repeats(&m, tag, 24, 3);
         // 1, 2 and 8 rows in bf16: on Hopper qkv and fc through gemm_rows_ln (the LayerNorm inside, 1-16
         // rows, the rows shared over a cluster of 2 blocks) and the logits through logits_rows.
         if (i == 0) check_decode_dt(&m, BACKEND_GPU, tag, 8, T, T / 3, DTYPE_BF16, 3e-2);
