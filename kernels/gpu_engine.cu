@@ -2,13 +2,14 @@
 // per-block op table (BlockOps) chosen once here: the fused kernels for BACKEND_GPU, the reference
 // ops for BACKEND_GPU_REFERENCE. Everything an op needs lives in GpuState (block_ops.h).
 //
-// Device memory, three large allocations, reported at creation:
+// Device memory, reported at creation:
 //   weights      matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw) in the compute dtype, LayerNorm
 //                parameters and biases in fp32, and the LayerNorm-folded vectors s and b'
 //   KV cache     K and V, each [L][max_batch][NH][max_seq][HS] in the compute dtype
 //   activations  buffers for max_batch * max_seq rows (a full-context prefill of every sequence)
-// and, not in the report, cuBLAS's and cuBLASLt's workspaces (kCublasWorkspaceBytes each), the
-// device sampler's (sampling_workspace_size: 64 KB a sequence) and the step's small I/O buffer.
+//   workspaces   cuBLAS's and cuBLASLt's (kCublasWorkspaceBytes each) and the device sampler's
+//                (sampling_workspace_size: 64 KB a sequence)
+// and, not in the report, the step's I/O buffers (a few ints a sequence).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -894,10 +895,12 @@ static int gpu_engine_init(Engine *e, GpuEngine *g, const GPT2Model *m, const En
 
     cudaDeviceProp p;
     CUDA_TRY(cudaGetDeviceProperties(&p, 0));
+    const size_t workspace_bytes = 2 * kCublasWorkspaceBytes + g->sampling_ws_bytes;
     fprintf(stderr,
-            "gpu: %s, %s %s: weights %.1f MiB, KV cache %.1f MiB (batch %d x %d positions), activations %.1f MiB\n",
+            "gpu: %s, %s %s: weights %.1f MiB, KV cache %.1f MiB (batch %d x %d positions), activations %.1f MiB, "
+            "workspaces %.1f MiB\n",
             p.name, g->ops->name, dtype_name(s->dtype), g->weight_bytes / 1048576.0, g->cache_bytes / 1048576.0,
-            s->max_batch, s->max_seq, g->act_bytes / 1048576.0);
+            s->max_batch, s->max_seq, g->act_bytes / 1048576.0, workspace_bytes / 1048576.0);
 
     e->name = g->ops->name;
     e->config = *c;

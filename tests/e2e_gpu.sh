@@ -83,7 +83,7 @@ for path in --gpu --reference; do
 done
 cp "$dir/genreference.err" "$dir/gen.err"
 grep -q "engine: gpu-reference" "$dir/gen.err"; check gpu_generate_on_reference $? "$(cat "$dir/gen.err")"
-grep -q "KV cache .* MiB" "$dir/gen.err" && grep -q "activations .* MiB" "$dir/gen.err"
+grep -q "KV cache .* MiB" "$dir/gen.err" && grep -q "activations .* MiB, workspaces .* MiB" "$dir/gen.err"
 check gpu_load_reports_memory $? "$(cat "$dir/gen.err")"
 cpu=$("$GPT2_BIN" -m "$m" --cpu --temp 0 -n 48 --ignore-eos --ids -p "$prompt" 2>/dev/null)
 gpu=$("$GPT2_BIN" -m "$m" --reference --temp 0 -n 48 --ignore-eos --ids -p "$prompt" 2>/dev/null)
