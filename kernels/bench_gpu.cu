@@ -172,12 +172,30 @@ int rel_l2_dev(const void *a, const void *b, const void *base, size_t n, DType d
     return 0;
 }
 
+// What every case shares, released however bench_gpu_kernels returns (it is passed by reference only).
 struct Ctx {
-    cudaStream_t st;
-    cublasHandle_t cublas;
-    cudaEvent_t e0, e1;
-    void *cublas_ws;
-    int quick;
+    cudaStream_t st = NULL;
+    cublasHandle_t cublas = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    void *cublas_ws = NULL;
+    int quick = 0;
+    ~Ctx() {
+        if (cublas) cublasDestroy(cublas);
+        if (cublas_ws) cudaFree(cublas_ws);
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+        if (st) cudaStreamDestroy(st);
+    }
+};
+
+// A captured graph and its executable, destroyed however time_graph returns.
+struct Graph {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    ~Graph() {
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+    }
 };
 
 // Median microseconds per call of op(i), i = 0..ncalls-1, captured as one graph.
@@ -186,28 +204,25 @@ int time_graph(Ctx &c, int ncalls, Op op, double *us, Error *err) {
     for (int i = 0; i < ncalls; i++)  // eager first: lazy initialisation stays out of the capture
         if (op(i)) return -1;
     CUDA_TRY(cudaStreamSynchronize(c.st));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
+    Graph g;
     CUDA_TRY(cudaStreamBeginCapture(c.st, cudaStreamCaptureModeThreadLocal));
     int rc = 0;
     for (int i = 0; i < ncalls && rc == 0; i++) rc = op(i);
-    cudaError_t ce = cudaStreamEndCapture(c.st, &g);
+    cudaError_t ce = cudaStreamEndCapture(c.st, &g.graph);
     if (rc) return -1;
     CUDA_TRY(ce);
-    CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_TRY(cudaGraphInstantiate(&g.exec, g.graph, 0));
     int warm = 3, samples = c.quick ? 7 : 15;
     std::vector<double> t;
     for (int s = 0; s < warm + samples; s++) {
         CUDA_TRY(cudaEventRecord(c.e0, c.st));
-        CUDA_TRY(cudaGraphLaunch(ge, c.st));
+        CUDA_TRY(cudaGraphLaunch(g.exec, c.st));
         CUDA_TRY(cudaEventRecord(c.e1, c.st));
         CUDA_TRY(cudaEventSynchronize(c.e1));
         float ms;
         CUDA_TRY(cudaEventElapsedTime(&ms, c.e0, c.e1));
         if (s >= warm) t.push_back(ms * 1e3 / ncalls);
     }
-    CUDA_TRY(cudaGraphExecDestroy(ge));
-    CUDA_TRY(cudaGraphDestroy(g));
     *us = median_of(t);
     return 0;
 }
@@ -400,7 +415,7 @@ int bench_attention(Ctx &c, DType dt, int B, int T, int L, BenchKernelRow *r, Er
 // ----------------------------------------------------------------------------
 
 extern "C" int bench_gpu_kernels(int quick, BenchKernelRow **rows_out, int *nrows, Error *err) {
-    Ctx c = {};
+    Ctx c;
     c.quick = quick;
     CUDA_TRY(cudaSetDevice(0));
     CUDA_TRY(cudaStreamCreateWithFlags(&c.st, cudaStreamNonBlocking));
@@ -456,11 +471,6 @@ extern "C" int bench_gpu_kernels(int quick, BenchKernelRow **rows_out, int *nrow
             rc = cs.kind < 2 ? bench_linear(c, cs.kind, dts[di], cs.a, cs.b, cs.d, r, err)
                              : bench_attention(c, dts[di], cs.a, cs.b, cs.d, r, err);
         }
-    cublasDestroy(c.cublas);
-    cudaFree(c.cublas_ws);
-    cudaEventDestroy(c.e0);
-    cudaEventDestroy(c.e1);
-    cudaStreamDestroy(c.st);
     if (rc) {
         free(rows);
         return -1;
