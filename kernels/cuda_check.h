@@ -15,9 +15,12 @@ static inline int cuda_fail(Error *err, cudaError_t e, const char *call, const c
     return fail(err, "%s:%d: %s: %s", file, line, call, cudaGetErrorString(e));
 }
 
+// A failed launch inside cuBLAS (or inside our own steps around a cuBLASLt call: matmul_lt.h) comes back
+// as CUBLAS_STATUS_EXECUTION_FAILED; the CUDA error behind it, where one is still pending, says why.
 static inline int cublas_fail(Error *err, cublasStatus_t s, const char *call, const char *file, int line) {
-    return fail(err, "%s:%d: %s: cuBLAS error %s (%s)", file, line, call, cublasGetStatusName(s),
-                cublasGetStatusString(s));
+    const cudaError_t e = cudaGetLastError();
+    return fail(err, "%s:%d: %s: cuBLAS error %s (%s)%s%s", file, line, call, cublasGetStatusName(s),
+                cublasGetStatusString(s), e != cudaSuccess ? ": " : "", e != cudaSuccess ? cudaGetErrorString(e) : "");
 }
 
 // In a function returning int (0 ok, -1 failed) that has an `Error *err` in scope.
