@@ -395,31 +395,20 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     // (wgmma_slice_ss2): there the n32 / n64 MMAs' chain of latencies, not the tensor cores' rate,
     // is on the product's path (decode B = 32-64 +0.1-0.6% in A/B); at 16 rows one chain (two: B = 8
     // -0.3%; docs/PERF.md, "Session 53").
-    constexpr bool two_chains = RB >= 32;
-    float acc[J][4], acc_odd[J][4];
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = acc_odd[j][e] = 0.0f;
+    WgmmaTile<RB, RB >= 32 ? 2 : 1> tile;
+    tile.zero();
     mbar_wait(w_full, 0);
     trace_mark(TRACE_PHASE + 0);  // TRACE=1 builds (kernel_trace.cuh): W has landed
     if (!LN) mbar_wait(x_full, 0);
     trace_mark(TRACE_PHASE + 1);  // x has landed
     for (int s = 0; s < slices; s++) {  // each slice's MMAs a group
-        const void *w_slice = w_tiles + (size_t)s * W_SLICE, *x_slice = x_tiles + (size_t)s * RB * BK * 2;
-        if constexpr (two_chains) wgmma_slice_ss2<RB>(acc, acc_odd, w_slice, x_slice);
-        else wgmma_slice_ss<RB>(acc, w_slice, x_slice);
-        wgmma_hold(acc);
-        if constexpr (two_chains) wgmma_hold(acc_odd);
+        tile.slice(w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
+        tile.hold();
     }
     wgmma_wait<0>();
-    wgmma_hold(acc);
-    if constexpr (two_chains) wgmma_hold(acc_odd);
-    if constexpr (two_chains)
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] += acc_odd[j][e];
+    tile.hold();
+    tile.sum();
+    const auto &acc = tile.d;
     trace_mark(TRACE_PHASE + 2);  // the MMAs are done
 
     if constexpr (split) {

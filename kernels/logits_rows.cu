@@ -139,28 +139,21 @@ __global__ void __launch_bounds__(THREADS, 1)
         // Two accumulator sets, a slice's k16 MMAs alternately into each (wgmma_slice_ss2): a slot is
         // freed only when its slice's MMAs are done, and at 64 rows one chain of four held each
         // slot's cycle long enough to slow W's stream (docs/PERF.md, "Session 52").
-        float acc[J][4], acc_odd[J][4];
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] = acc_odd[j][e] = 0.0f;
+        WgmmaTile<RB, 2> tile;
+        tile.zero();
         for (int s = 0; s < slices; s++, i++) {  // each slice's MMAs a group, issued as the slice lands
             const int slot = i % STAGES;
             mbar_wait(&full[slot], (i / STAGES) & 1);
-            wgmma_slice_ss2<RB>(acc, acc_odd, ring + (size_t)slot * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
+            tile.slice(ring + (size_t)slot * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
             wgmma_wait<1>();  // the previous slice's MMAs are done: its slot is free
-            wgmma_hold(acc);
-            wgmma_hold(acc_odd);
+            tile.hold();
             if (s > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % STAGES]);
         }
         wgmma_wait<0>();
-        wgmma_hold(acc);
-        wgmma_hold(acc_odd);
+        tile.hold();
         if (lane == 0) mbar_arrive(&empty[(i - 1) % STAGES]);
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] += acc_odd[j][e];
+        tile.sum();
+        const auto &acc = tile.d;
 #pragma unroll
         for (int j = 0; j < J; j++)
 #pragma unroll

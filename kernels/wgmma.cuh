@@ -144,4 +144,40 @@ __device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d
     wgmma_commit();
 }
 
+// A few-row product's tile of accumulators (64 x N fp32) over its slices, in CHAINS chains: one
+// (wgmma_slice_ss) or two (wgmma_slice_ss2, the odd k16 steps into a second set). zero() before the
+// first slice, slice() for each, hold() after each wait, then sum(): d holds the tile.
+template <int N, int CHAINS> struct WgmmaTile {
+    static_assert(CHAINS == 1 || CHAINS == 2, "one chain of MMAs or two");
+    float d[N / 8][4];
+    float odd[CHAINS == 2 ? N / 8 : 1][4];  // the second chain's (unused with one)
+
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int j = 0; j < N / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) d[j][e] = 0.0f;
+        if constexpr (CHAINS == 2)
+#pragma unroll
+            for (int j = 0; j < N / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) odd[j][e] = 0.0f;
+    }
+    __device__ __forceinline__ void slice(const void *a, const void *b) {
+        if constexpr (CHAINS == 2) wgmma_slice_ss2<N>(d, odd, a, b);
+        else wgmma_slice_ss<N>(d, a, b);
+    }
+    __device__ __forceinline__ void hold() {
+        wgmma_hold(d);
+        if constexpr (CHAINS == 2) wgmma_hold(odd);
+    }
+    __device__ __forceinline__ void sum() {
+        if constexpr (CHAINS == 2)
+#pragma unroll
+            for (int j = 0; j < N / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) d[j][e] += odd[j][e];
+    }
+};
+
 #undef WGMMA_ASM
