@@ -113,6 +113,17 @@ def main():
         if k >= 0:
             steps[k].append((s0, gid, ev))
     expected = len(names_in_step)
+    # Queued decode steps alternate between two graphs, one a staging slot (gpu_engine.cu), whose
+    # kernels have grid ids of their own: the launches between two of first_gid's then hold m steps,
+    # split here in release order.
+    split = []
+    for step in steps:
+        ks = sorted(step, key=lambda x: min(x[2][1]))
+        if len(ks) > expected and len(ks) % expected == 0:
+            split += [ks[i:i + expected] for i in range(0, len(ks), expected)]
+        else:
+            split.append(step)
+    steps = split
     # A step's shape: each kernel's grid id, in release order. Only steps of the commonest shape with
     # the expected count are used, so a step cut short and padded by a stray launch cannot shift names.
     def shape(step):
