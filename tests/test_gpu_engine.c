@@ -3,8 +3,8 @@
 // and bf16, head sizes 32 and 64, contexts up to 1024; its prompts' last layers run on their last
 // rows only, so this checks that too), the fused path's graph-replayed, device-sampled decode
 // step, decode steps queued ahead of their picks, bf16 against fp32, the LayerNorm-folded vectors,
-// a prompt's logits after other steps, the trace hook, and the errors (bad shapes, tokens, out of memory). Every check skips without a
-// GPU.
+// a prompt's logits after other steps, the trace hook, and the errors (bad shapes, tokens, out of
+// memory). Every check skips without a GPU.
 #include <glob.h>
 #include <math.h>
 #include <string.h>
