@@ -546,24 +546,16 @@ static int read_config_beside(const char *path, GPT2Config *c, Error *err) {
     } else {
         snprintf(cfg, sizeof(cfg), "config.json");
     }
-    struct stat st;  // first, so that a FIFO is refused rather than waited on
-    if (stat(cfg, &st) != 0) {
-        if (errno == ENOENT) return 1;
-        return fail(err, "%s: cannot open: %s", cfg, strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode)) return fail(err, "%s: not a regular file", cfg);
-    FILE *f = fopen(cfg, "rb");
-    if (!f) return fail(err, "%s: cannot open: %s", cfg, strerror(errno));
+    struct stat st;
+    if (stat(cfg, &st) != 0 && errno == ENOENT) return 1;
+    MappedFile f;  // refuses what is not a regular file (a FIFO without waiting for a writer)
+    if (mapped_file_open(&f, cfg, err)) return -1;
     // A GPT-2 config.json is about 1 KB; a megabyte is room for any annotations.
     enum { MAX_CONFIG = 1 << 20 };
-    char *text = xmalloc(MAX_CONFIG);
-    size_t n = fread(text, 1, MAX_CONFIG, f);
-    int rc = 0;
-    if (ferror(f)) rc = fail(err, "%s: read error: %s", cfg, strerror(errno));
-    else if (n == MAX_CONFIG) rc = fail(err, "%s: larger than %d bytes: not a GPT-2 config", cfg, MAX_CONFIG);
-    else rc = safetensors_read_config(text, n, cfg, c, err);
-    fclose(f);
-    free(text);
+    const int rc = f.bytes > MAX_CONFIG
+                       ? fail(err, "%s: larger than %d bytes: not a GPT-2 config", cfg, MAX_CONFIG)
+                       : safetensors_read_config(f.data ? f.data : "", f.bytes, cfg, c, err);
+    mapped_file_close(&f);
     return rc;
 }
 
