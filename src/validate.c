@@ -12,11 +12,13 @@
 
 enum { DUMP_HEADER_INTS = 256, DUMP_MAGIC = 20240327, DUMP_VERSION = 2 };
 
+// The dump's arrays are read in place, from its mapping.
 typedef struct {
+    MappedFile file;
     int B, T;
-    int *inputs;    // [B*T]
-    int *targets;   // [B*T]
-    float *logits;  // [B*T*V]
+    const int32_t *inputs;   // [B*T]
+    const int32_t *targets;  // [B*T]
+    const float *logits;     // [B*T*V]
     float loss;
 } LogitsDump;
 
@@ -25,11 +27,11 @@ typedef struct {
 
 static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error *err) {
     memset(d, 0, sizeof(*d));
-    MappedFile f;  // mapped_file refuses what is not a regular file (a FIFO included) and gives the size
-    if (mapped_file_open(&f, path, err)) return -1;
-    const int32_t *h = f.data;
+    MappedFile *f = &d->file;  // mapped_file refuses what is not a regular file (a FIFO included)
+    if (mapped_file_open(f, path, err)) return -1;
+    const int32_t *h = f->data;
     int rc = 0;
-    if (f.bytes < DUMP_HEADER_INTS * sizeof(int32_t)) {
+    if (f->bytes < DUMP_HEADER_INTS * sizeof(int32_t)) {
         rc = fail(err, "%s: truncated: shorter than the 1024-byte header", path);
     } else if (h[0] != DUMP_MAGIC) {
         rc = fail(err, "%s: bad magic %d (want %d): not a logits dump", path, h[0], DUMP_MAGIC);
@@ -41,20 +43,15 @@ static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error
     } else {
         d->B = h[2], d->T = h[3];
         size_t n = (size_t)d->B * d->T, V = (size_t)c->vocab_size;
-        // The size first: the header's B and T size the copies below.
+        // The size first: the header's B and T place the arrays below.
         const size_t need = (DUMP_HEADER_INTS + 2 * n) * sizeof(int32_t) + (n * V + 1) * sizeof(float);
-        if (f.bytes < need) {
+        if (f->bytes < need) {
             rc = fail(err, "%s: truncated: B=%d T=%d with V=%zu needs %zu bytes", path, d->B, d->T, V, need);
         } else {
-            const int32_t *inputs = h + DUMP_HEADER_INTS, *targets = inputs + n;
-            const float *logits = (const float *)(targets + n);
-            d->inputs = xmalloc(n * sizeof(int));
-            d->targets = xmalloc(n * sizeof(int));
-            d->logits = xmalloc(n * V * sizeof(float));
-            memcpy(d->inputs, inputs, n * sizeof(int));
-            memcpy(d->targets, targets, n * sizeof(int));
-            memcpy(d->logits, logits, n * V * sizeof(float));
-            memcpy(&d->loss, logits + n * V, sizeof(float));
+            d->inputs = h + DUMP_HEADER_INTS;
+            d->targets = d->inputs + n;
+            d->logits = (const float *)(d->targets + n);
+            d->loss = d->logits[n * V];
         }
         for (size_t i = 0; rc == 0 && i < n; i++)
             if (d->inputs[i] < 0 || d->inputs[i] >= c->vocab_size || d->targets[i] < -1 ||
@@ -63,10 +60,11 @@ static int dump_load(LogitsDump *d, const char *path, const GPT2Config *c, Error
                           d->inputs[i] < 0 || d->inputs[i] >= c->vocab_size ? d->inputs[i] : d->targets[i], i,
                           c->vocab_size);
     }
-    mapped_file_close(&f);
-    if (rc != 0) free(d->inputs), free(d->targets), free(d->logits);
+    if (rc != 0) mapped_file_close(f);
     return rc;
 }
+
+static void dump_free(LogitsDump *d) { mapped_file_close(&d->file); }
 
 // ----------------------------------------------------------------------------
 // Comparing
@@ -175,7 +173,7 @@ int cmd_validate(int argc, char **argv) {
     printf("%s\n", pass ? "PASS" : "FAIL");
 
     free(logits);
-    free(dump.inputs), free(dump.targets), free(dump.logits);
+    dump_free(&dump);
     engine_free(engine);
     gpt2_model_free(&model);
     return pass ? 0 : 1;
