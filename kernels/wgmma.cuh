@@ -131,7 +131,7 @@ template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8
 // independent chains of accumulation, so the group completes sooner than one chain of four where a
 // slice's latency, not the tensor cores' rate, is on the path (the logits' ring, logits_rows.cu;
 // gemm_rows.cu's 32- and 64-row tiles).
-// The caller adds d1 into d0 when the tile is done.
+// d1 is added into d0 when the tile is done (WgmmaTile::sum below).
 template <int N>
 __device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d1)[N / 8][4], const void *a,
                                                 const void *b) {
