@@ -45,7 +45,7 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, float v) {
     CLUSTER_ASM("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
-// A 4-byte and an 8-byte store into another block's shared memory whose bytes complete a transaction
+// A 4-, 8- and 16-byte store into another block's shared memory whose bytes complete a transaction
 // count on `bar`, an mbarrier in that same block (both shared::cluster addresses): the receiver waits
 // on its own barrier (mbar_wait_cluster, tma.cuh) for exactly the bytes it expects, and neither side
 // needs a fence or the cluster barrier. Its destination must be another block, not this one.
@@ -57,6 +57,12 @@ __device__ __forceinline__ void st_async(uint32_t addr, float v, uint32_t bar) {
 __device__ __forceinline__ void st_async(uint32_t addr, uint2 v, uint32_t bar) {
     CLUSTER_ASM("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(addr),
                 "r"(v.x), "r"(v.y), "r"(bar)
+                : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t addr, float4 v, uint32_t bar) {
+    CLUSTER_ASM("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+                ::"r"(addr), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+                "r"(__float_as_uint(v.w)), "r"(bar)
                 : "memory");
 }
 

@@ -9,7 +9,7 @@
 //   w_tiles  its K/64/ks slices of W's 64 rows x 64 k (8 KB each), as TMA lands them under the swizzle
 //   x_tiles  the same slices of x's RB rows x 64 k (RB x 128 bytes each)
 //   inbox    K split (ks > 1): the cluster's partial sums of this block's CW = 64 / ks columns, fp32,
-//            [RB rows][ks ranks x CW columns], each rank's pushed there by that rank
+//            [ks ranks x CW columns][RB rows, padded], each rank's pushed there by that rank
 //   barriers one for all of W (before the wait; gemm_rows_ln past 32 rows after its loads of x), one
 //            for all of x (after it): each is one copy of
 //            all the block's slices (tma.cuh's tensor_map_slices), which lands x sooner than a copy
@@ -39,7 +39,9 @@ constexpr int BF = 64;          // W rows (output columns) a block: wgmma's M
 constexpr int THREADS = 128;    // one warpgroup
 constexpr int W_SLICE = BF * BK * 2;
 constexpr int MAX_SPLIT = 8;    // the most blocks K splits over: the portable cluster size
-constexpr int PSTR = BF + 4;    // a row of the inbox: 64 partial sums, padded against bank conflicts
+// A column of the inbox: RB partial sums, padded by 16 bytes so that 8 threads' 16-byte reads of as
+// many columns fall in distinct banks.
+constexpr int inbox_stride(int rb) { return rb + 4; }
 
 // K's slices a block multiplies when K splits over ks blocks.
 constexpr int part_slices(int K, int ks) { return ((K + BK - 1) / BK + ks - 1) / ks; }
@@ -52,7 +54,8 @@ enum Src { SRC_X, SRC_LN, SRC_FOLD };
 // Shared memory of a block for K over ks blocks and RB rows, the alignment slack included.
 constexpr size_t smem_bytes(int K, int rb, int ks, int src = SRC_X) {
     const size_t slices = part_slices(K, ks);
-    return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) + (ks > 1 ? (size_t)rb * PSTR * sizeof(float) : 0) +
+    return 1024 + slices * (W_SLICE + (size_t)rb * BK * 2) +
+           (ks > 1 ? (size_t)BF * inbox_stride(rb) * sizeof(float) : 0) +
            3 * sizeof(uint64_t) + (src == SRC_FOLD ? (size_t)rb * 2 * sizeof(float) : 0);
 }
 
@@ -253,11 +256,14 @@ __device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, con
 //
 // With K whole (KS = 1) a thread finishes the values its accumulators hold. With K split, block kp
 // finishes columns f0 + kp CW.. (CW = 64 / KS): every block pushes the part of its partial tile
-// that block q finishes into q's inbox (distributed shared memory), then one cluster barrier, and
-// block kp sums the KS partials of each of its values from its own inbox in rank order (the same
-// bits every run): thread tid finishes column f0 + kp CW + tid % CW at rows r0 + tid / CW +
-// (128 / CW) i. Pushed rather than pulled: with the pulls after the barrier, the loads' round
-// trip sat on the path and a second barrier kept each block alive until the others had read it.
+// that block q finishes into q's inbox (distributed shared memory, column-major), and block kp sums
+// the KS partials of each of its values from its own inbox in rank order (the same bits every
+// run): thread tid finishes column f0 + kp CW + tid % CW at NV consecutive rows from
+// r0 + NV (tid / CW). A push is four consecutive rows of a column, one 16-byte st_async: lanes
+// 2i and 2i + 1 hold rows t, t + 1 and t + 2, t + 3 of the same columns, so one shuffle each way
+// gives the even lane tile j's four rows and the odd lane tile j + 1's. Pushed rather than pulled:
+// with the pulls after the barrier, the loads' round trip sat on the path and a second barrier
+// kept each block alive until the others had read it.
 // A block may only store into another once that one has started: each block arrives (relaxed) on
 // a "started" phase first thing and waits on it before its first remote store.
 // KS is a template argument, not a kernel argument: with the cluster code in the kernel and KS = 1
@@ -290,8 +296,9 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     const int per = part_slices(K, KS), kp = blockIdx.x % KS;
     const int s0 = kp * per, slices = max(0, min(per, (K + BK - 1) / BK - s0));  // this block's slices
     unsigned char *w_tiles = smem, *x_tiles = smem + (size_t)per * W_SLICE;
-    float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [RB][PSTR] when split
-    uint64_t *w_full = reinterpret_cast<uint64_t *>(inbox + (split ? RB * PSTR : 0)), *x_full = w_full + 1;
+    constexpr int ISTR = inbox_stride(RB);
+    float *inbox = reinterpret_cast<float *>(x_tiles + (size_t)per * RB * BK * 2);  // [BF][ISTR] when split
+    uint64_t *w_full = reinterpret_cast<uint64_t *>(inbox + (split ? BF * ISTR : 0)), *x_full = w_full + 1;
     uint64_t *in_full = w_full + 2;  // K split: the inbox's values, the other ranks' by their bytes
     uint64_t *st_full = w_full + 2;  // gemm_rows_fold (K whole): the statistics, the other ranks' by their bytes
     float2 *stats = reinterpret_cast<float2 *>(w_full + 3);  // gemm_rows_fold: [RB]
@@ -322,9 +329,7 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     };
     // The values this thread finishes, the i-th at (row_of(i), col_of(i)).
     const int fa = f0 + 16 * warp + lane / 4;
-    auto row_of = [&](int i) {
-        return split ? r0 + tid / CW + i * (THREADS / CW) : r0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-    };
+    auto row_of = [&](int i) { return split ? r0 + tid / CW * NV + i : r0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1); };
     auto col_of = [&](int i) { return split ? f0 + kp * CW + tid % CW : fa + 8 * ((i >> 1) & 1); };
     float bias[2] = {0.0f, 0.0f};  // at col_of(0) and col_of(2) (the same column when K splits)
     if (EPI != MATMUL_LT_NONE && out.bias)
@@ -413,19 +418,28 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
 
     if constexpr (split) {
         cluster_wait();  // every block of the cluster has started
-        // Value (row, column c) of this block's partial tile to block c / CW's inbox: to another
-        // block as an st_async counted on that block's in_full, to its own by a plain store and this
-        // thread's arrival (release) on its own in_full. Thread 0's arrival expects the other ranks'
-        // bytes, so the wait returns once every value is in.
+        // Rows (t..t+3, column c) of this block's partial tile to block c / CW's inbox, at column
+        // kp CW + c % CW: to another block as an st_async counted on that block's in_full, to its
+        // own by a plain store and this thread's arrival (release) on its own in_full. Thread 0's
+        // arrival expects the other ranks' bytes, so the wait returns once every value is in.
+        const bool even = lane % 2 == 0;
 #pragma unroll
-        for (int j = 0; j < J; j++)
+        for (int h = 0; h < 2; h++) {  // columns c and c + 8 (e = 2 h, 2 h + 1)
+            const int c = 16 * warp + lane / 4 + 8 * h, q = c / CW;
+            float *column = &inbox[(kp * CW + c % CW) * ISTR];
+            const uint32_t remote = q == kp ? 0 : cluster_map(column, q), bar = q == kp ? 0 : cluster_map(in_full, q);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int c = 16 * warp + lane / 4 + 8 * (e >> 1), q = c / CW;
-                float *to = &inbox[(8 * j + 2 * (lane % 4) + (e & 1)) * PSTR + kp * CW + c % CW];
-                if (q == kp) *to = acc[j][e];
-                else st_async(cluster_map(to, q), acc[j][e], cluster_map(in_full, q));
+            for (int j = 0; j < J; j += 2) {
+                const float s0 = even ? acc[j + 1][2 * h] : acc[j][2 * h];  // the pair the partner lane pushes
+                const float s1 = even ? acc[j + 1][2 * h + 1] : acc[j][2 * h + 1];
+                const float p0 = __shfl_xor_sync(0xffffffffu, s0, 1), p1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                const float4 v = even ? make_float4(acc[j][2 * h], acc[j][2 * h + 1], p0, p1)
+                                      : make_float4(p0, p1, acc[j + 1][2 * h], acc[j + 1][2 * h + 1]);
+                const int t = even ? 8 * j + 2 * (lane % 4) : 8 * (j + 1) + 2 * (lane % 4 - 1);  // v's first row
+                if (q == kp) *reinterpret_cast<float4 *>(column + t) = v;
+                else st_async(remote + 4 * t, v, bar);
             }
+        }
         if (tid == 0) mbar_arrive_expect_tx(in_full, (KS - 1) * RB * CW * (uint32_t)sizeof(float));
         else mbar_arrive(in_full);
         mbar_wait_cluster(in_full, 0);
@@ -436,17 +450,31 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     // chains ran one after another (a GELU's ~150 cycles each, ~1.2 us for 16 values a thread with
     // one warp a scheduler to hide them; docs/PERF.md, "Session 37").
     float v[NV];
+    if constexpr (split) {  // rows and columns past M and N are still inside the tile and the inbox
+        constexpr int VW = NV % 4 == 0 ? 4 : 1;  // floats a read: 16 bytes where the rows allow
+        const float *p = &inbox[(tid % CW) * ISTR + tid / CW * NV];  // rank 0's partial of value 0
+#pragma unroll
+        for (int i = 0; i < NV; i++) v[i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < KS; r++) {
+            const float *pr = p + r * CW * ISTR;  // rank r's
+#pragma unroll
+            for (int i = 0; i < NV; i += VW) {
+                if constexpr (VW == 4) {
+                    const float4 w = *reinterpret_cast<const float4 *>(pr + i);
+                    v[i] += w.x, v[i + 1] += w.y, v[i + 2] += w.z, v[i + 3] += w.w;
+                } else {
+                    v[i] += pr[i];
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NV; i++) v[i] = acc[i / 4][i % 4];
+    }
 #pragma unroll
     for (int i = 0; i < NV; i++) {
-        const int t = row_of(i), f = col_of(i), h = split ? 0 : (i >> 1) & 1;
-        v[i] = 0.0f;
-        if constexpr (split) {  // rows and columns past M and N are still inside the tile and the inbox
-            const float *p = &inbox[(t - r0) * PSTR + f - f0 - kp * CW];  // rank 0's partial of (t, f)
-#pragma unroll
-            for (int r = 0; r < KS; r++) v[i] += p[r * CW];
-        } else {
-            v[i] = acc[i / 4][i % 4];
-        }
+        const int t = row_of(i), h = split ? 0 : (i >> 1) & 1;
         if constexpr (FOLD) {  // W (gamma (x - mean)) = W copy - (mean - c) s, times rstd
             const float2 st = stats[t - r0];
             v[i] = st.y * (v[i] - (st.x - row_c[i]) * fold_s[h]);
@@ -533,24 +561,29 @@ bool fits(int K, int rb, int ks) {
     return smem_bytes(K, rb, ks) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
 }
 
-// The blocks K splits over: the fewest whose part of the W tile fits. Splitting a K that fits whole
-// only lost (docs/PERF.md, "Session 22": the cluster barrier and the partial tiles' adds cost more
-// than the shorter MMAs save, 0.5-1.5 us at GPT-2's K = 768). GPT2_ROWS_SPLIT=1|2|4|8 forces one
-// where it fits.
-int pick_split(int K, int rb) {
-    static int forced = -1;
-    const int f = env_knob("GPT2_ROWS_SPLIT", &forced);
-    if ((f == 1 || f == 2 || f == 4 || f == 8) && fits(K, rb, f)) return f;
-    int ks = 1;
-    while (ks < MAX_SPLIT && !fits(K, rb, ks)) ks *= 2;
-    return ks;
-}
-
 // 1 when the grid for M rows of N columns, rb rows a block and K over ks blocks is one wave of
 // blocks (one an SM).
 bool one_wave(int M, int N, int rb, int ks) {
     const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
     return blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
+}
+
+// The blocks K splits over: the fewest whose part of the W tile fits, and with 32 or 64 rows a
+// block twice that where the grid stays one wave. Splitting a K that fits whole only lost
+// (docs/PERF.md, "Session 22": the exchange and the partial tiles' adds cost more than the shorter
+// MMAs save, 0.5-1.5 us at GPT-2's K = 768). Where K splits anyway, a 32- or 64-row tile's MMAs
+// are the block's longest phase, so more blocks shorten it for one more rank's 16-byte pushes: the
+// MLP projection over 8 blocks rather than 4 took decode B = 24-64 +1.0-2.1% on an H200; at 16 rows
+// a block (B = 1-16) it lost 1.2-4% (docs/PERF.md, "Session 55"). GPT2_ROWS_SPLIT=1|2|4|8 forces
+// one where it fits.
+int pick_split(int M, int N, int K, int rb) {
+    static int forced = -1;
+    const int f = env_knob("GPT2_ROWS_SPLIT", &forced);
+    if ((f == 1 || f == 2 || f == 4 || f == 8) && fits(K, rb, f)) return f;
+    int ks = 1;
+    while (ks < MAX_SPLIT && !fits(K, rb, ks)) ks *= 2;
+    if (rb >= 32 && ks > 1 && ks < MAX_SPLIT && fits(K, rb, 2 * ks) && one_wave(M, N, rb, 2 * ks)) ks *= 2;
+    return ks;
 }
 
 // Rows a block: 16 to 16 rows, 32 to 32, and past 32 rows 32 where K is whole (two row blocks at
@@ -571,7 +604,7 @@ int pick_rows(int M, int N, int K) {
     if (rb == 16 || rb == 32 || rb == 64) return rb;
     if (M <= 16) return 16;
     if (M > 64) {
-        const int ks32 = pick_split(K, 32), ks64 = pick_split(K, 64);
+        const int ks32 = pick_split(M, N, K, 32), ks64 = pick_split(M, N, K, 64);
         if (!one_wave(M, N, 32, ks32) && fits(K, 64, ks64)) return 64;
     }
     return M <= 32 || fits(K, 32, 1) ? 32 : 64;
@@ -703,7 +736,7 @@ static bool wave_rule(int M, int N, int rb, int ks) { return M <= ONE_WAVE_PAST 
 
 extern "C" int gemm_rows_takes(int M, int N, int K) {
     if (!gemm_rows_available() || M < 0 || M > GEMM_ROWS_MAX_ROWS || N <= 0 || K <= 0 || K % BK) return 0;
-    const int rb = pick_rows(M, N, K), ks = pick_split(K, rb);
+    const int rb = pick_rows(M, N, K), ks = pick_split(M, N, K, rb);
     return fits(K, rb, ks) && wave_rule(M, N, rb, ks);
 }
 
@@ -718,7 +751,7 @@ static cudaError_t run_rows(MatmulLtEpilogue epilogue, void *y, long long ldy, c
     if (!rb) rb = pick_rows(M, N, K);
     if (!gemm_rows_available() || M > GEMM_ROWS_MAX_ROWS || K % BK || (uintptr_t)x % 16 || (uintptr_t)W % 16)
         return cudaErrorNotSupported;
-    if (!ks) ks = pick_split(K, rb);
+    if (!ks) ks = pick_split(M, N, K, rb);
     if (!fits(K, rb, ks)) return cudaErrorNotSupported;
     if (M == 0) return cudaSuccess;
     Out out = {};
