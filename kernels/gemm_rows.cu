@@ -569,12 +569,12 @@ bool one_wave(int M, int N, int rb, int ks) {
 }
 
 // The blocks K splits over: the fewest whose part of the W tile fits, and with 32 or 64 rows a
-// block twice that where the grid stays one wave. Splitting a K that fits whole only lost
-// (docs/PERF.md, "Session 22": the exchange and the partial tiles' adds cost more than the shorter
-// MMAs save, 0.5-1.5 us at GPT-2's K = 768). Where K splits anyway, a 32- or 64-row tile's MMAs
-// are the block's longest phase, so more blocks shorten it for one more rank's 16-byte pushes: the
-// MLP projection over 8 blocks rather than 4 took decode B = 24-64 +1.0-2.1% on an H200; at 16 rows
-// a block (B = 1-16) it lost 1.2-4% (docs/PERF.md, "Session 55"). GPT2_ROWS_SPLIT=1|2|4|8 forces
+// block twice that where the grid stays one wave. There a tile's MMAs are the block's longest
+// phase, and more blocks shorten it for one more rank's 16-byte pushes: on an H200 the MLP
+// projection over 8 blocks rather than 4 took decode B = 24-64 +1.0-2.1%, and the attention
+// projection over 2 rather than whole B = 24-48 +1.0-3.1% (B = 56-64 even). With 16 rows a block
+// (B = 1-16) both lost 1-4% (docs/PERF.md, "Session 55"; "Session 22" had measured splitting a
+// whole K as a loss, before the exchange's pushes were 16 bytes). GPT2_ROWS_SPLIT=1|2|4|8 forces
 // one where it fits.
 int pick_split(int M, int N, int K, int rb) {
     static int forced = -1;
@@ -582,7 +582,7 @@ int pick_split(int M, int N, int K, int rb) {
     if ((f == 1 || f == 2 || f == 4 || f == 8) && fits(K, rb, f)) return f;
     int ks = 1;
     while (ks < MAX_SPLIT && !fits(K, rb, ks)) ks *= 2;
-    if (rb >= 32 && ks > 1 && ks < MAX_SPLIT && fits(K, rb, 2 * ks) && one_wave(M, N, rb, 2 * ks)) ks *= 2;
+    if (rb >= 32 && ks < MAX_SPLIT && fits(K, rb, 2 * ks) && one_wave(M, N, rb, 2 * ks)) ks *= 2;
     return ks;
 }
 
