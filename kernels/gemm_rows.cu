@@ -561,28 +561,32 @@ bool fits(int K, int rb, int ks) {
     return smem_bytes(K, rb, ks) <= (size_t)device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0);
 }
 
-// 1 when the grid for M rows of N columns, rb rows a block and K over ks blocks is one wave of
-// blocks (one an SM).
+// The blocks of the grid for M rows of N columns, rb rows a block and K over ks blocks.
+long long grid_blocks(int M, int N, int rb, int ks) { return (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks; }
+
+// 1 when that grid is one wave of blocks (one an SM).
 bool one_wave(int M, int N, int rb, int ks) {
-    const long long blocks = (long long)(N + BF - 1) / BF * ((M + rb - 1) / rb) * ks;
-    return blocks <= device_attr<cudaDevAttrMultiProcessorCount>(0);
+    return grid_blocks(M, N, rb, ks) <= device_attr<cudaDevAttrMultiProcessorCount>(0);
 }
 
 // The blocks K splits over: the fewest whose part of the W tile fits, and with 32 or 64 rows a
-// block twice that where the grid stays one wave. There a tile's MMAs are the block's longest
-// phase, and more blocks shorten it for one more rank's 16-byte pushes: on an H200 the MLP
-// projection over 8 blocks rather than 4 took decode B = 24-64 +1.0-2.1%, and the attention
-// projection over 2 rather than whole B = 24-48 +1.0-3.1% (B = 56-64 even). With 16 rows a block
-// (B = 1-16) both lost 1-4% (docs/PERF.md, "Session 55"; "Session 22" had measured splitting a
-// whole K as a loss, before the exchange's pushes were 16 bytes). GPT2_ROWS_SPLIT=1|2|4|8 forces
-// one where it fits.
+// block twice that where the grid still takes at most 3/4 of the SMs. There a tile's MMAs are the
+// block's longest phase, and more blocks shorten it for one more rank's 16-byte pushes; past 3/4
+// the next kernel's blocks find no SMs to become resident on before the release. On an H200
+// (docs/PERF.md, "Session 55"): 124M's MLP projection over 8 blocks rather than 4 (96 blocks) took
+// decode B = 24-64 +1.0-2.1%, and its attention projection over 2 rather than whole (24-48 blocks)
+// B = 24-48 +2.2-3.0% more, B = 64 +0.5%; on 355M the rule gave B = 32-64 +1-5%, where its MLP
+// projection over 8 (128 blocks of 132) lost 7-8%. With 16 rows a block (B = 1-16) both 124M
+// splits lost 1-4%. "Session 22" had measured splitting a whole K as a loss, before the exchange's
+// pushes were 16 bytes. GPT2_ROWS_SPLIT=1|2|4|8 forces one where it fits.
 int pick_split(int M, int N, int K, int rb) {
     static int forced = -1;
     const int f = env_knob("GPT2_ROWS_SPLIT", &forced);
     if ((f == 1 || f == 2 || f == 4 || f == 8) && fits(K, rb, f)) return f;
     int ks = 1;
     while (ks < MAX_SPLIT && !fits(K, rb, ks)) ks *= 2;
-    if (rb >= 32 && ks < MAX_SPLIT && fits(K, rb, 2 * ks) && one_wave(M, N, rb, 2 * ks)) ks *= 2;
+    const long long sms = device_attr<cudaDevAttrMultiProcessorCount>(0);
+    if (rb >= 32 && ks < MAX_SPLIT && fits(K, rb, 2 * ks) && 4 * grid_blocks(M, N, rb, 2 * ks) <= 3 * sms) ks *= 2;
     return ks;
 }
 
