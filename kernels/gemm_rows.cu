@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     static_assert(CN == 1 || SRC != SRC_X, "a cluster along the columns shares gemm_rows_ln's staging only");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
+    static_assert(!split || J % 2 == 0, "a K split's pushes pair the accumulator tiles");
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const int per = part_slices(K, KS), kp = blockIdx.x % KS;
@@ -592,7 +593,7 @@ int pick_split(int M, int N, int K, int rb) {
 
 // Rows a block: 16 to 16 rows, 32 to 32, and past 32 rows 32 where K is whole (two row blocks at
 // 64: half of x's bytes after the wait, for twice the W reads before it) but 64 where K splits (a
-// split tile's partial sums and cluster barrier cost the same for 64 rows as for 32). Measured in
+// split tile's exchange costs the same for 64 rows as for 32). Measured in
 // docs/PERF.md, "Session 21" and "Session 22": at 48-64 rows, K whole, 64 a block is within 2% for
 // qkv and fc and 14-20% slower for the projection, 16 a block 1.6x slower for fc; the MLP projection
 // (K = 3072 over 4 blocks) 4.71 / 5.04 us at 48 / 64 rows with 64 a block, 5.18 / 5.42 with 32.

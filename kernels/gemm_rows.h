@@ -15,7 +15,8 @@
 //     where as the M side it would pad to 64), so D is y's tile transposed;
 //   - where the W tile would not fit (the MLP projection's K = 3072), K splits over the 2-8 blocks
 //     of a cluster: each block multiplies its part of K, and the cluster adds the partial tiles
-//     through distributed shared memory, in a fixed order;
+//     through distributed shared memory, in a fixed order; with 32-64 rows a block K splits over
+//     twice as many blocks where the grid leaves room (gemm_rows.cu's pick_split), a whole K too;
 //   - the epilogue adds the bias (read before the wait), GELU, or the residual (read as x lands).
 // Measured against LayerNorm + cuBLASLt and the other fused kernels in docs/PERF.md, "Session 21"
 // and "Session 22".
