@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     float v[NV];
     if constexpr (split) {  // rows and columns past M and N are still inside the tile and the inbox
         constexpr int VW = NV % 4 == 0 ? 4 : 1;  // floats a read: 16 bytes where the rows allow
-        const float *p = &inbox[(tid % CW) * ISTR + tid / CW * NV];  // rank 0's partial of value 0
+        const float *p = &inbox[(col_of(0) - f0 - kp * CW) * ISTR + row_of(0) - r0];  // rank 0's partial of value 0
 #pragma unroll
         for (int i = 0; i < NV; i++) v[i] = 0.0f;
 #pragma unroll
