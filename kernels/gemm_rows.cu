@@ -160,6 +160,9 @@ __device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&me
 // hide its latencies but its rows' independent chains and the scheduler's other warp; a branch a
 // value (the first version) cost ~3 us, and one warpgroup taking 32 rows in two rounds ~2.7 us
 // more than 16 rows in one (docs/PERF.md, "Session 34").
+// Each lane pushes its 8-byte halves as they are: staging only the rows inside M (the rest zeroed
+// before the wait), or whole 16-byte chunks after a lane-pair shuffle, cut the pushes to an eighth
+// or a half: the kernel alone was even, batch 1-16 decode lost 1-3% (docs/PERF.md, "Session 56").
 
 // after_loads() is called once, as soon as the warp's first round of loads is issued.
 template <int RB, int VPL, int CN, typename AfterLoads>
