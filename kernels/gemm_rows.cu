@@ -410,13 +410,15 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     trace_mark(TRACE_PHASE + 0);  // TRACE=1 builds (kernel_trace.cuh): W has landed
     if (!LN) mbar_wait(x_full, 0);
     trace_mark(TRACE_PHASE + 1);  // x has landed
-    // Unrolled as the compiler chooses (by 4): unrolled by 1 or by 12 the step lost 3-4.6% at 1-16 rows.
-    // ptxas's C7517 notes (waits it injects in the 16-row split tiles) are in the remainder loop, which
-    // of GPT-2's sizes only 1558M's two projections run (13 slices a block; docs/PERF.md, "Session 56").
-    for (int s = 0; s < slices; s++) {  // each slice's MMAs a group
-        tile.slice(w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
-        tile.hold();
-    }
+    // All of W and x have landed, so every slice's MMAs go in one committed group: one fence before, one
+    // commit after (a group a slice cost decode B = 16 0.6%, and made ptxas inject waits into the 16-row
+    // split tiles). Unrolled as the compiler chooses: by 1 or by 12 the step lost 3-4.6% at 1-16 rows
+    // (docs/PERF.md, "Session 56" and "Session 57").
+    tile.hold();
+    wgmma_fence();
+    for (int s = 0; s < slices; s++)
+        tile.slice_in_group(w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
+    wgmma_commit();
     wgmma_wait<0>();
     tile.hold();
     tile.sum();

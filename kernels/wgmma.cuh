@@ -118,13 +118,17 @@ template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint6
 
 // One 64-wide k slice of such a product (the few-row products' unit: one TMA box of each operand),
 // a 64 rows and b N rows, each 64 k: d += a b^T, its four k16 MMAs one committed group.
-template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8][4], const void *a, const void *b) {
+// GROUP false: the slice's MMAs alone, inside a group the caller fences and commits.
+template <int N, bool GROUP = true>
+__device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8][4], const void *a, const void *b) {
     const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);
-    wgmma_hold(d);
-    wgmma_fence();
+    if (GROUP) {
+        wgmma_hold(d);
+        wgmma_fence();
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wgmma_ss<N>(d, ad + 2 * kk, bd + 2 * kk);  // +32 bytes a k16
-    wgmma_commit();
+    if (GROUP) wgmma_commit();
 }
 
 // The same slice with its k16 MMAs alternately into d0 (k 0-15, 32-47) and d1 (k 16-31, 48-63): two
@@ -132,21 +136,25 @@ template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8
 // slice's latency, not the tensor cores' rate, is on the path (the logits' ring, logits_rows.cu;
 // gemm_rows.cu's 32- and 64-row tiles).
 // d1 is added into d0 when the tile is done (WgmmaTile::sum below).
-template <int N>
+template <int N, bool GROUP = true>
 __device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d1)[N / 8][4], const void *a,
                                                 const void *b) {
     const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);
-    wgmma_hold(d0);
-    wgmma_hold(d1);
-    wgmma_fence();
+    if (GROUP) {
+        wgmma_hold(d0);
+        wgmma_hold(d1);
+        wgmma_fence();
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wgmma_ss<N>(kk % 2 ? d1 : d0, ad + 2 * kk, bd + 2 * kk);
-    wgmma_commit();
+    if (GROUP) wgmma_commit();
 }
 
 // A few-row product's tile of accumulators (64 x N fp32) over its slices, in CHAINS chains: one
 // (wgmma_slice_ss) or two (wgmma_slice_ss2, the odd k16 steps into a second set). zero() before the
-// first slice, slice() for each, hold() after each wait, then sum(): d holds the tile.
+// first slice, slice() for each (a committed group each: slices that land one by one, logits_rows.cu's
+// ring), hold() after each wait, then sum(): d holds the tile. Slices that have all landed go in one group
+// instead (gemm_rows.cu): hold(), wgmma_fence(), slice_in_group() for each, wgmma_commit().
 template <int N, int CHAINS> struct WgmmaTile {
     static_assert(CHAINS == 1 || CHAINS == 2, "one chain of MMAs or two");
     float d[N / 8][4];
@@ -166,6 +174,10 @@ template <int N, int CHAINS> struct WgmmaTile {
     __device__ __forceinline__ void slice(const void *a, const void *b) {
         if constexpr (CHAINS == 2) wgmma_slice_ss2<N>(d, odd, a, b);
         else wgmma_slice_ss<N>(d, a, b);
+    }
+    __device__ __forceinline__ void slice_in_group(const void *a, const void *b) {
+        if constexpr (CHAINS == 2) wgmma_slice_ss2<N, false>(d, odd, a, b);
+        else wgmma_slice_ss<N, false>(d, a, b);
     }
     __device__ __forceinline__ void hold() {
         wgmma_hold(d);
