@@ -412,10 +412,11 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     trace_mark(TRACE_PHASE + 1);  // x has landed
     // All of W and x have landed, so every slice's MMAs go in one committed group: one fence before, one
     // commit after (a group a slice cost decode B = 16 0.6%, and made ptxas inject waits into the 16-row
-    // split tiles). Unrolled as the compiler chooses: by 1 or by 12 the step lost 3-4.6% at 1-16 rows
-    // (docs/PERF.md, "Session 56" and "Session 57").
+    // split tiles). Unrolled by 2: decode B = 1 +1.5%, B = 8-16 +0.6-0.8% against the compiler's choice
+    // (by 4); by 3 or 6 even, by 1 -3.5% (docs/PERF.md, "Session 57").
     tile.hold();
     wgmma_fence();
+#pragma unroll 2
     for (int s = 0; s < slices; s++)
         tile.slice_in_group(w_tiles + (size_t)s * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
     wgmma_commit();
