@@ -141,7 +141,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         // slot's cycle long enough to slow W's stream (docs/PERF.md, "Session 52").
         WgmmaTile<RB, 2> tile;
         tile.zero();
-        for (int s = 0; s < slices; s++, i++) {  // each slice's MMAs a group, issued as the slice lands
+        // Each slice's MMAs a group, issued as the slice lands. Unrolled as the compiler chooses: it waits
+        // every slice, and by 1 or by 2 the step was even (docs/PERF.md, "Session 57").
+        for (int s = 0; s < slices; s++, i++) {
             const int slot = i % STAGES;
             mbar_wait(&full[slot], (i / STAGES) & 1);
             tile.slice(ring + (size_t)slot * W_SLICE, x_tiles + (size_t)s * RB * BK * 2);
