@@ -117,18 +117,11 @@ template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint6
 #undef WGMMA_D4
 
 // One 64-wide k slice of such a product (the few-row products' unit: one TMA box of each operand),
-// a 64 rows and b N rows, each 64 k: d += a b^T, its four k16 MMAs one committed group.
-// GROUP false: the slice's MMAs alone, inside a group the caller fences and commits.
-template <int N, bool GROUP = true>
-__device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8][4], const void *a, const void *b) {
-    const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);
-    if (GROUP) {
-        wgmma_hold(d);
-        wgmma_fence();
-    }
+// a 64 rows and b N rows (descriptors ad and bd), each 64 k: d += a b^T, its four k16 MMAs. They join
+// the caller's group: WgmmaTile below fences before them and commits after.
+template <int N> __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8][4], uint64_t ad, uint64_t bd) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wgmma_ss<N>(d, ad + 2 * kk, bd + 2 * kk);  // +32 bytes a k16
-    if (GROUP) wgmma_commit();
 }
 
 // The same slice with its k16 MMAs alternately into d0 (k 0-15, 32-47) and d1 (k 16-31, 48-63): two
@@ -136,18 +129,11 @@ __device__ __forceinline__ void wgmma_slice_ss(float (&d)[N / 8][4], const void 
 // slice's latency, not the tensor cores' rate, is on the path (the logits' ring, logits_rows.cu;
 // gemm_rows.cu's 32- and 64-row tiles).
 // d1 is added into d0 when the tile is done (WgmmaTile::sum below).
-template <int N, bool GROUP = true>
-__device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d1)[N / 8][4], const void *a,
-                                                const void *b) {
-    const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);
-    if (GROUP) {
-        wgmma_hold(d0);
-        wgmma_hold(d1);
-        wgmma_fence();
-    }
+template <int N>
+__device__ __forceinline__ void wgmma_slice_ss2(float (&d0)[N / 8][4], float (&d1)[N / 8][4], uint64_t ad,
+                                                uint64_t bd) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wgmma_ss<N>(kk % 2 ? d1 : d0, ad + 2 * kk, bd + 2 * kk);
-    if (GROUP) wgmma_commit();
 }
 
 // A few-row product's tile of accumulators (64 x N fp32) over its slices, in CHAINS chains: one
@@ -172,12 +158,18 @@ template <int N, int CHAINS> struct WgmmaTile {
                 for (int e = 0; e < 4; e++) odd[j][e] = 0.0f;
     }
     __device__ __forceinline__ void slice(const void *a, const void *b) {
-        if constexpr (CHAINS == 2) wgmma_slice_ss2<N>(d, odd, a, b);
-        else wgmma_slice_ss<N>(d, a, b);
+        const uint64_t ad = wgmma_desc_sw128(a), bd = wgmma_desc_sw128(b);  // before the fence, off the MMAs' path
+        hold();
+        wgmma_fence();
+        mmas(ad, bd);
+        wgmma_commit();
     }
     __device__ __forceinline__ void slice_in_group(const void *a, const void *b) {
-        if constexpr (CHAINS == 2) wgmma_slice_ss2<N, false>(d, odd, a, b);
-        else wgmma_slice_ss<N, false>(d, a, b);
+        mmas(wgmma_desc_sw128(a), wgmma_desc_sw128(b));
+    }
+    __device__ __forceinline__ void mmas(uint64_t ad, uint64_t bd) {
+        if constexpr (CHAINS == 2) wgmma_slice_ss2<N>(d, odd, ad, bd);
+        else wgmma_slice_ss<N>(d, ad, bd);
     }
     __device__ __forceinline__ void hold() {
         wgmma_hold(d);
