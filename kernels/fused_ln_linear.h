@@ -11,9 +11,10 @@
 //
 // Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
 //   bf16 W and y, plain output, M <= 64, K a multiple of 64 up to 1024, on Hopper (sm_90a build):
-//             gemm_rows_ln (gemm_rows.h), the rows normalised by each block (exact two-pass
-//             statistics of whole rows) into the tile its wgmmas read, W's tile loaded by TMA
-//             before the PDL wait (past 32 rows after the rows' loads); otherwise:
+//             gemm_rows_ln (gemm_rows.h), the rows normalised by each block (exact statistics of
+//             whole rows: each lane's two passes, merged by Chan's rule) into the tile its wgmmas
+//             read, W's tile loaded by TMA before the PDL wait (past 32 rows after the rows' loads);
+//             otherwise:
 //   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
 //             in shared memory as gamma (x - c), each warp takes exact two-pass statistics of whole
 //             rows (x is tiny), and the epilogue applies the formula above. bf16 with 8 < M <= 16:

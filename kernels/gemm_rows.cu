@@ -118,28 +118,76 @@ __device__ __forceinline__ void load_rows(float4 (&v)[RR][VPL], const LnIn &in, 
     }
 }
 
-// Exact two-pass statistics of each row, reduced by shuffles: its mean, and rstd = 1 / sqrt(var + eps).
+// Each row's mean, and rstd = 1 / sqrt(var + eps), in one shuffle tree. A lane takes its own values'
+// sum S and centred sum of squares Q (two passes in registers: exact), then the butterfly merges
+// lanes' (S, Q) pairwise by Chan's rule: for groups a and b of n_a and n_b values,
+//   Q = Q_a + Q_b + d^2 / (n_a n_b (n_a + n_b)),   d = n_b S_a - n_a S_b,
+// as stable as two passes over the row. Two trees, the mean's then the squares', were the warp's
+// dependent path: one tree shortens it. d's products are rounded apart (no FMA) so that the two
+// partners' d are exact negatives and every lane ends with the same statistics.
+
+// The mean is the same butterfly sum as a plain tree's, to the bit. The tree's counts depend on K
+// and the lane only (the lanes past the row hold none), so a kernel takes them before its wait: taken
+// after it they cost batch 1 3%, and with IEEE reciprocals (a slow-path branch in this straight-line
+// code) 3.4% more (docs/PERF.md, "Session 58").
+struct RowTree {
+    float inv_n;               // 1 / this lane's count of values (0: none)
+    float na[5], nb[5], c[5];  // per level l (partner lane ^ 16 >> l): the two groups' counts, 1 / (na nb (na + nb))
+};
+template <int VPL> __device__ __forceinline__ RowTree row_tree(int K, int lane) {
+    RowTree t;
+    int cnt = 0;  // this lane's float4s inside the row
+#pragma unroll
+    for (int i = 0; i < VPL; i++) cnt += 32 * i + lane < K / 4;
+    float n = 4.0f * cnt;
+    t.inv_n = cnt ? __fdividef(1.0f, n) : 0.0f;
+#pragma unroll
+    for (int l = 0; l < 5; l++) {
+        t.na[l] = n;
+        t.nb[l] = __shfl_xor_sync(0xffffffffu, n, 16 >> l);
+        const float p = t.na[l] * t.nb[l] * (t.na[l] + t.nb[l]);
+        t.c[l] = p > 0.0f ? __fdividef(1.0f, p) : 0.0f;
+        n += t.nb[l];
+    }
+    return t;
+}
+
 template <int RR, int VPL>
 __device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&mean)[RR], float (&rstd)[RR], int K,
-                                          int lane) {
-    const float inv_k = 1.0f / K;
+                                          int lane, const RowTree &t) {
+    float s[RR], q[RR];
 #pragma unroll
     for (int j = 0; j < RR; j++) {
         float a = 0.0f;
 #pragma unroll
         for (int i = 0; i < VPL; i++) a += (v[j][i].x + v[j][i].y) + (v[j][i].z + v[j][i].w);
-        mean[j] = warp_sum(a) * inv_k;
-    }
-#pragma unroll
-    for (int j = 0; j < RR; j++) {
-        float a = 0.0f;
+        const float m_lane = a * t.inv_n;
+        float b = 0.0f;
 #pragma unroll
         for (int i = 0; i < VPL; i++) {
-            const float m = 32 * i + lane < K / 4 ? mean[j] : 0.0f;  // the lanes past the row hold zeros
+            const float m = 32 * i + lane < K / 4 ? m_lane : 0.0f;  // the lanes past the row hold zeros
             const float dx = v[j][i].x - m, dy = v[j][i].y - m, dz = v[j][i].z - m, dw = v[j][i].w - m;
-            a += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+            b += (dx * dx + dy * dy) + (dz * dz + dw * dw);
         }
-        rstd[j] = rsqrtf(warp_sum(a) * inv_k + LN_EPS);
+        s[j] = a;
+        q[j] = b;
+    }
+#pragma unroll
+    for (int l = 0; l < 5; l++) {
+#pragma unroll
+        for (int j = 0; j < RR; j++) {
+            const float s_b = __shfl_xor_sync(0xffffffffu, s[j], 16 >> l);
+            const float q_b = __shfl_xor_sync(0xffffffffu, q[j], 16 >> l);
+            const float d = __fmul_rn(t.nb[l], s[j]) - __fmul_rn(t.na[l], s_b);
+            q[j] = fmaf(d * t.c[l], d, q[j] + q_b);
+            s[j] += s_b;
+        }
+    }
+    const float inv_k = 1.0f / K;
+#pragma unroll
+    for (int j = 0; j < RR; j++) {
+        mean[j] = s[j] * inv_k;
+        rstd[j] = rsqrtf(q[j] * inv_k + LN_EPS);
     }
 }
 
@@ -167,8 +215,8 @@ __device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&me
 // after_loads() is called once, as soon as the warp's first round of loads is issued.
 template <int RB, int VPL, int CN, typename AfterLoads>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *bar, const LnIn &in,
-                                              const float4 (&g)[VPL], int r0, int M, int K, int rank, int warp,
-                                              int lane, AfterLoads after_loads) {
+                                              const float4 (&g)[VPL], const RowTree &tree, int r0, int M, int K,
+                                              int rank, int warp, int lane, AfterLoads after_loads) {
     constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
     constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
     if (warp * RPW >= RBB) return after_loads();
@@ -188,7 +236,7 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
         load_rows<RR, VPL>(v, in, r0 + rank * RBB + warp * RPW + rr, M, K, lane);
         if (rr == 0) after_loads();
         float mean[RR], rstd[RR];
-        row_stats<RR, VPL>(v, mean, rstd, K, lane);
+        row_stats<RR, VPL>(v, mean, rstd, K, lane, tree);
 #pragma unroll
         for (int j = 0; j < RR; j++) {
             const int t = rank * RBB + warp * RPW + rr + j;  // the tile's row
@@ -223,8 +271,8 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
 // cluster to have started (a remote store needs that), so the wait hides behind them (docs/PERF.md,
 // "Session 49": issued after it, the statistics sat longer on the path).
 template <int RB, int VPL, int CN>
-__device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, const LnIn &in, int r0, int M, int K,
-                                           int rank, int w, int lane) {
+__device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, const LnIn &in, const RowTree &tree,
+                                           int r0, int M, int K, int rank, int w, int lane) {
     constexpr int RBB = RB / CN, RPW = RBB >= 4 ? RBB / 4 : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
     if (w * RPW >= RBB) {
         if (CN > 1) cluster_wait();
@@ -235,7 +283,7 @@ __device__ __forceinline__ void fold_stats(float2 *stats, uint64_t *st_full, con
         float4 v[RR][VPL];
         load_rows<RR, VPL>(v, in, r0 + rank * RBB + w * RPW + rr, M, K, lane);
         float mean[RR], rstd[RR];
-        row_stats<RR, VPL>(v, mean, rstd, K, lane);
+        row_stats<RR, VPL>(v, mean, rstd, K, lane, tree);
         if (CN > 1 && rr == 0) cluster_wait();  // every block has started
 #pragma unroll
         for (int j = 0; j < RR; j++) {
@@ -353,18 +401,19 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
         for (int i = 0; i < VPL; i++)
             gamma[i] = 32 * i + lane < K / 4 ? reinterpret_cast<const float4 *>(ln.gamma)[32 * i + lane]
                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const RowTree tree = LN || FOLD ? row_tree<VPL>(K, lane) : RowTree{};  // the statistics' counts
     __syncthreads();  // the barriers are initialised
     pdl_wait();
 
     if constexpr (LN && CN == 1) {
-        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, r0, M, K, 0, warp, lane, load_w_after_x);
+        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, tree, r0, M, K, 0, warp, lane, load_w_after_x);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
         if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
         cluster_wait();         // every block has started
-        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, r0, M, K, (int)(blockIdx.x % CN), warp, lane,
-                                    load_w_after_x);
+        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, tree, r0, M, K, (int)(blockIdx.x % CN), warp,
+                                    lane, load_w_after_x);
         // x_full's phase: every thread's arrival (release: its own rows' plain stores) and the other
         // ranks' rows, RB / CN of K bf16 each, by their bytes.
         if (tid == 0) mbar_arrive_expect_tx(x_full, (CN - 1) * (RB / CN) * K * (uint32_t)sizeof(bf16));
@@ -381,8 +430,8 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
         }
         if constexpr (FOLD) {
             if (warp >= THREADS / 32) {  // the second warpgroup: the statistics, then it leaves
-                fold_stats<RB, VPL, CN>(stats, st_full, ln, r0, M, K, (int)(blockIdx.x % CN), warp - THREADS / 32,
-                                        lane);
+                fold_stats<RB, VPL, CN>(stats, st_full, ln, tree, r0, M, K, (int)(blockIdx.x % CN),
+                                        warp - THREADS / 32, lane);
                 mbar_arrive(st_full);
                 return;
             }

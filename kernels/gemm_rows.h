@@ -66,7 +66,7 @@ cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 
 // LayerNorm + Linear (+ GELU) in one kernel for a few rows (fused_ln_linear.h's function on Hopper):
 // y = epilogue(LayerNorm(x) W^T + b), the blocks normalising their rows of x into the tiles their
-// wgmmas read (exact two-pass statistics of whole rows, then gamma (x - mean) rstd in bf16) instead
+// wgmmas read (exact statistics of whole rows, then gamma (x - mean) rstd in bf16: gemm_rows.cu) instead
 // of reading a LayerNorm kernel's output; the rest as gemm_rows (W's tile before the PDL wait, past 32
 // rows after the block's loads of x: gemm_rows.cu's pick_w_after_x). Two warpgroups a block stage
 // the rows, and the 2 or 4 blocks of a cluster along the columns share them: each normalises its
@@ -91,7 +91,7 @@ cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 //      its new rows, shifted and scaled for the LayerNorm: copy = gamma (y - c), c a shift of each
 //      row near its mean (the mean the last folded product measured, or 0).
 //   2. The product after it (gemm_rows_fold) multiplies W by that copy exactly as gemm_rows multiplies
-//      x, while a second warpgroup of each block takes the exact statistics (two-pass, fp32) of the
+//      x, while a second warpgroup of each block takes the exact statistics (fp32, gemm_rows.cu) of the
 //      rows the copy was made from; only the epilogue waits for them:
 //          y = epilogue(rstd (copy W^T - (mean - c) s) + b'),  s = W gamma, b' = W beta + b
 //      which is LayerNorm(x) W^T + b, since W (gamma (x - mean)) = W (gamma (x - c)) - (mean - c) W gamma.
