@@ -118,18 +118,10 @@ __device__ __forceinline__ void load_rows(float4 (&v)[RR][VPL], const LnIn &in, 
     }
 }
 
-// Each row's mean, and rstd = 1 / sqrt(var + eps), in one shuffle tree. A lane takes its own values'
-// sum S and centred sum of squares Q (two passes in registers: exact), then the butterfly merges
-// lanes' (S, Q) pairwise by Chan's rule: for groups a and b of n_a and n_b values,
-//   Q = Q_a + Q_b + d^2 / (n_a n_b (n_a + n_b)),   d = n_b S_a - n_a S_b,
-// as stable as two passes over the row. Two trees, the mean's then the squares', were the warp's
-// dependent path: one tree shortens it. d's products are rounded apart (no FMA) so that the two
-// partners' d are exact negatives and every lane ends with the same statistics.
-
-// The mean is the same butterfly sum as a plain tree's, to the bit. The tree's counts depend on K
-// and the lane only (the lanes past the row hold none), so a kernel takes them before its wait: taken
-// after it they cost batch 1 3%, and with IEEE reciprocals (a slow-path branch in this straight-line
-// code) 3.4% more (docs/PERF.md, "Session 58").
+// The counts of row_stats's tree (below): they depend on K and the lane only (the lanes past the row
+// hold none), so a kernel takes them before its wait. Taken after it they cost batch 1 3%, and with
+// IEEE reciprocals (a slow-path branch in this straight-line code) 3.4% more (docs/PERF.md,
+// "Session 58").
 struct RowTree {
     float inv_n;               // 1 / this lane's count of values (0: none)
     float na[5], nb[5], c[5];  // per level l (partner lane ^ 16 >> l): the two groups' counts, 1 / (na nb (na + nb))
@@ -152,6 +144,14 @@ template <int VPL> __device__ __forceinline__ RowTree row_tree(int K, int lane) 
     return t;
 }
 
+// Each row's mean, and rstd = 1 / sqrt(var + eps), in one shuffle tree. A lane takes its own values'
+// sum S and centred sum of squares Q (two passes in registers: exact), then the butterfly merges
+// lanes' (S, Q) pairwise by Chan's rule: for groups a and b of n_a and n_b values,
+//   Q = Q_a + Q_b + d^2 / (n_a n_b (n_a + n_b)),   d = n_b S_a - n_a S_b,
+// as stable as two passes over the row. Two trees, the mean's then the squares', were the warp's
+// dependent path: one tree shortens it. d's products are rounded apart (no FMA) so that the two
+// partners' d are exact negatives and every lane ends with the same statistics; the mean is the same
+// butterfly sum as a plain tree's, to the bit.
 template <int RR, int VPL>
 __device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&mean)[RR], float (&rstd)[RR], int K,
                                           int lane, const RowTree &t) {
