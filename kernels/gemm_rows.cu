@@ -778,10 +778,9 @@ cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x,
 
 extern "C" int gemm_rows_available(void) {
 #if GPT2_SM90A
-    static int off = -1;  // GPT2_GEMM_ROWS=0
-    if (off < 0) off = getenv("GPT2_GEMM_ROWS") && strcmp(getenv("GPT2_GEMM_ROWS"), "0") == 0;
-    return !off && device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9 &&
-           device_attr<cudaDevAttrComputeCapabilityMinor>(-1) == 0 && encode_tiled() != NULL;
+    static int off = -1;
+    if (off < 0) off = env_off("GPT2_GEMM_ROWS");
+    return !off && device_is_sm90() && encode_tiled() != NULL;
 #else
     return 0;
 #endif

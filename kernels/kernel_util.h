@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gpu_engine.h"  // model.h, made C++-safe
 
@@ -68,6 +69,20 @@ template <cudaDeviceAttr A> static inline int device_attr(int fallback) {
         known[dev] = true;
     }
     return cached[dev];
+}
+
+// Whether the current device is compute capability 9.0 exactly: where a build's sm_90a code (wgmma,
+// setmaxnreg; arch-specific, so not run by later GPUs) runs.
+static inline bool device_is_sm90(void) {
+    return device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9 &&
+           device_attr<cudaDevAttrComputeCapabilityMinor>(-1) == 0;
+}
+
+// Whether the environment variable `name` is set to "0": the switches that turn a kernel route off
+// to compare routes.
+static inline bool env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '0' && v[1] == '\0';
 }
 
 // Runs `body` with T bound to the element type of dtype.

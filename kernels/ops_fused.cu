@@ -36,7 +36,10 @@
 // LayerNorm inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
 // Five past layer 0 at 17-64 rows too: there the residual products write a copy of their rows for the
 // next LayerNorm and qkv and fc fold it with the statistics taken beside their MMAs (gemm_rows_fold,
-// ln_folded below).
+// ln_folded below). A prompt's 769-1024 rows of GPT-2 124M take gemm_tiles (kernels/gemm_tiles.h) for
+// all four products, folded the same way with the statistics' parts from the residual products: no
+// LayerNorm kernel past the embedding's ln1 (time to the first token at 1024 tokens 0.657-0.675 ->
+// 0.595-0.597 ms on an H200, docs/PERF.md "Session 60").
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -48,6 +51,7 @@
 #include "fused_attention.h"
 #include "fused_ln_linear.h"
 #include "gemm_rows.h"
+#include "gemm_tiles.h"
 #include "linear_residual.h"
 #include "logits_rows.h"
 #include "reference_kernels.h"
@@ -145,11 +149,16 @@ static int ln_in_product(const GpuState *s, int M, int N) {
 
 // A product of the many-row route: gemm_rows (bf16, a K that fits, on Hopper) where
 // it takes the shape, since it joins the step's PDL chain where cuBLASLt's kernels cannot
-// (docs/PERF.md, "Session 21"; GPT2_GEMM_ROWS=0 turns it off); else cuBLASLt.
+// (docs/PERF.md, "Session 21"; GPT2_GEMM_ROWS=0 turns it off); gemm_tiles for a prompt's 769-1024
+// rows of GPT-2 124M (gemm_tiles.h; GPT2_GEMM_TILES=0 turns it off); else cuBLASLt.
 static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long long ldy, const void *x, const void *W,
                              const void *bias, int M, int N, int K, float *scratch, Error *err) {
     if (s->dtype == DTYPE_BF16 && gemm_rows_takes(M, N, K)) {
         CUDA_TRY(gemm_rows(epi, y, ldy, x, W, bias, M, N, K, s->stream));
+        return 0;
+    }
+    if (s->dtype == DTYPE_BF16 && gemm_tiles_takes(M, N, K)) {
+        CUDA_TRY(gemm_tiles(epi, y, ldy, x, W, bias, M, N, K, s->stream));
         return 0;
     }
     CUBLAS_TRY(matmul_lt(s->lt, epi, y, ldy, x, W, s->dtype, bias, M, N, K, scratch, s->stream));
@@ -166,11 +175,14 @@ static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long lo
 // takes the logits (Hopper: one; before it, to 4): PERF.md, "Session 28".
 enum { GREEDY_ROWS = 64 };
 // Then the LayerNorm fold's row means (ln_folded below): qkv's and fc's, each the shift c of the copy
-// the next residual product writes.
+// the next residual product writes; and gemm_tiles's statistics' parts, from a residual product to
+// the folded product after it.
+enum { MEAN_ROWS = GEMM_ROWS_FOLD_MAX_ROWS > GEMM_TILES_MAX_ROWS ? GEMM_ROWS_FOLD_MAX_ROWS : GEMM_TILES_MAX_ROWS };
 typedef struct {
     size_t attention;                 // bytes
     unsigned long long *greedy_best;  // [GREEDY_ROWS], then the ticket
-    float *qkv_mean, *fc_mean;        // [GEMM_ROWS_FOLD_MAX_ROWS] each
+    float *qkv_mean, *fc_mean;        // [MEAN_ROWS] each
+    float *tiles_parts;               // [GEMM_TILES_MAX_ROWS][GEMM_TILES_MAX_PARTS][2]
     size_t bytes;                     // all of it
 } FusedWorkspace;
 
@@ -179,11 +191,13 @@ static FusedWorkspace fused_workspace(const GpuState *s) {
     FusedWorkspace w;
     w.attention = align256(fused_attention_workspace_size(s->max_batch, s->NH, s->HS, s->max_seq));
     const size_t means = w.attention + align256((GREEDY_ROWS + 1) * 8);
-    w.bytes = means + 2 * GEMM_ROWS_FOLD_MAX_ROWS * sizeof(float);
+    const size_t parts = means + align256(2 * MEAN_ROWS * sizeof(float));
+    w.bytes = parts + (size_t)GEMM_TILES_MAX_ROWS * GEMM_TILES_MAX_PARTS * 2 * sizeof(float);
     char *base = (char *)s->workspace;
     w.greedy_best = base ? (unsigned long long *)(base + w.attention) : NULL;
     w.qkv_mean = base ? (float *)(base + means) : NULL;
-    w.fc_mean = base ? w.qkv_mean + GEMM_ROWS_FOLD_MAX_ROWS : NULL;
+    w.fc_mean = base ? w.qkv_mean + MEAN_ROWS : NULL;
+    w.tiles_parts = base ? (float *)(base + parts) : NULL;
     return w;
 }
 
@@ -219,10 +233,20 @@ static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
 // the embedding kernel), ln2 in every layer; s->ln holds the copy, FusedWorkspace the means.
 // On an H200 (124M, decode, against the LayerNorm kernel and gemm_rows): docs/PERF.md, "Session 50".
 // GPT2_LN_FOLD=0 turns it off (to compare routes).
+// A prompt's 769-1024 rows fold through gemm_tiles (its residual products write the statistics'
+// parts, not only the copy): a 1024-row layer's four products 37.8 against 41.1-41.9 us with
+// cuBLASLt and the LayerNorm kernels on an H200 (docs/PERF.md, "Session 60").
+static int tiles_folded(const GpuState *s, int M) {
+    const int C = s->C;
+    return s->dtype == DTYPE_BF16 && gemm_tiles_takes(M, 3 * C, C) && gemm_tiles_takes(M, C, C) &&
+           gemm_tiles_takes(M, 4 * C, C) && gemm_tiles_takes(M, C, 4 * C) && gemm_tiles_parts(C) > 0;
+}
+
 static int ln_folded(const GpuState *s, int M) {
     static int off = -1;
     if (off < 0) off = getenv("GPT2_LN_FOLD") && strcmp(getenv("GPT2_LN_FOLD"), "0") == 0;
     const int C = s->C;
+    if (!off && tiles_folded(s, M)) return 1;
     return !off && s->dtype == DTYPE_BF16 && M > 0 && !ln_in_product(s, M, 3 * C) && !ln_in_product(s, M, 4 * C) &&
            M > fused_rows(s, LINEAR_OP_LN, M, 3 * C, C) && M > fused_rows(s, LINEAR_OP_LN, M, 4 * C, C) &&
            M > fused_rows(s, LINEAR_OP_PLAIN, M, C, C) && M > fused_rows(s, LINEAR_OP_PLAIN, M, C, 4 * C) &&
@@ -235,6 +259,11 @@ static int ln_folded(const GpuState *s, int M) {
 // and this product's means go to its own buffer.
 static int folded_product(GpuState *s, const GpuStep *st, MatmulLtEpilogue epi, void *y, int N, const void *W,
                           const float *fs, const float *fb, const float *shift, float *mean_out, Error *err) {
+    if (tiles_folded(s, st->M)) {  // the statistics from the residual product's parts
+        const GemmTilesFold in = {s->ln, fused_workspace(s).tiles_parts, gemm_tiles_parts(s->C), shift, mean_out};
+        CUDA_TRY(gemm_tiles_fold(epi, y, N, &in, W, fs, fb, st->M, N, s->C, s->stream));
+        return 0;
+    }
     const GemmRowsFold in = {s->x, s->C, s->ln, shift, mean_out};
     CUDA_TRY(gemm_rows_fold(epi, y, N, &in, W, fs, fb, st->M, N, s->C, s->stream));
     return 0;
@@ -246,6 +275,11 @@ static int residual_product(GpuState *s, const GpuStep *st, const void *x, const
                             const float *gamma, const float *shift, Error *err) {
     if (!gamma)
         return many_rows_product(s, MATMUL_LT_BIAS_RESIDUAL, s->x, s->C, x, W, bias, st->M, s->C, K, NULL, err);
+    if (tiles_folded(s, st->M)) {  // and the statistics' parts
+        const GemmTilesCopy copy = {s->ln, gamma, shift, fused_workspace(s).tiles_parts};
+        CUDA_TRY(gemm_tiles_residual_copy(s->x, s->C, x, W, (const float *)bias, st->M, s->C, K, &copy, s->stream));
+        return 0;
+    }
     const GemmRowsCopy copy = {s->ln, gamma, shift};
     CUDA_TRY(gemm_rows_residual_copy(s->x, s->C, x, W, bias, st->M, s->C, K, &copy, s->stream));
     return 0;

@@ -87,7 +87,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
 
 // d (64 x N fp32; this thread's N / 8 m16n8 tiles, laid out as above) += A (64 x 16 bf16) * B
 // (16 x N bf16), A and B K-major tiles under the 128-byte swizzle at their descriptors. Only the
-// widths the few-row products use are instantiated.
+// widths the few-row products and the many-row tiles (gemm_tiles.cu: 48, 144, 192) use are instantiated.
 template <int N> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc);
 
 #define WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
@@ -111,6 +111,27 @@ template <> __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint6
               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
               : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4), WGMMA_D8(6)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<48>(float (&d)[6][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<144>(float (&d)[18][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71}, %72, %73, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4), WGMMA_D8(6), WGMMA_D8(8), WGMMA_D8(10), WGMMA_D8(12), WGMMA_D8(14), WGMMA_D8(16)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<192>(float (&d)[24][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4), WGMMA_D8(6), WGMMA_D8(8), WGMMA_D8(10), WGMMA_D8(12), WGMMA_D8(14), WGMMA_D8(16), WGMMA_D8(18), WGMMA_D8(20), WGMMA_D8(22)
               : "l"(a_desc), "l"(b_desc), "r"(1));
 }
 #undef WGMMA_D8

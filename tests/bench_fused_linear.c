@@ -1,12 +1,13 @@
 // Micro-benchmark of the fused linear kernels (issue 5), not a test (make test does not run it):
 //   make build/gpu/tests/bench_fused_linear && build/gpu/tests/bench_fused_linear [--quick | --decode | --rows
-//                                                                                  | --fold | --logits [M]
+//                                                                                  | --fold | --tiles [M]
+//                                                                                  | --logits [M]
 //                                                                                  | --one K N dtype M
 //                                                                                  | --one-res K N dtype M
 //                                                                                  | --one-rows EPILOGUE K N M]
 // (--decode: bf16 only, M in {1, 4, 8, 16, 32, 64}; --rows: gemm_rows against cuBLASLt; --fold: the
-// LayerNorm fold against the LayerNorm kernel and gemm_rows_ln; --logits: logits_rows against
-// cuBLASLt, below)
+// LayerNorm fold against the LayerNorm kernel and gemm_rows_ln; --tiles: gemm_tiles against cuBLASLt
+// at a prompt's rows; --logits: logits_rows against cuBLASLt, below)
 //
 // fused_ln_linear (LayerNorm + Linear + GELU, one kernel) against the unfused baseline:
 // LayerNorm kernel -> cublasGemmEx (fp32: CUBLAS_COMPUTE_32F, no TF32; bf16: bf16 in/out, fp32
@@ -38,6 +39,7 @@
 
 #include "fused_ln_linear.h"
 #include "gemm_rows.h"
+#include "gemm_tiles.h"
 #include "linear_residual.h"
 #include "logits_rows.h"
 #include "matmul_lt.h"
@@ -553,6 +555,17 @@ static void enqueue_fold(void *p, int set) {
     CK(gemm_rows_fold(b->epi, b->y, b->N, &in, b->W[set], b->s, b->b2, b->M, b->N, b->K, stream));
 }
 
+// ln_fold.cu's vectors on the host: s = W gamma, b' = W beta + b (W [N, K]).
+static void fold_vectors(float *s, float *b2, const float *W, const float *gamma, const float *beta, const float *b,
+                         int N, int K) {
+    for (int n = 0; n < N; n++) {
+        double ss = 0, bb = b[n];
+        for (int k = 0; k < K; k++)
+            ss += (double)W[(size_t)n * K + k] * gamma[k], bb += (double)W[(size_t)n * K + k] * beta[k];
+        s[n] = (float)ss, b2[n] = (float)bb;
+    }
+}
+
 static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
     FoldBench b = {epi, M, N, K, nsets_for((size_t)N * K * 2), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                    NULL, NULL, NULL};
@@ -576,12 +589,7 @@ static void bench_fold(MatmulLtEpilogue epi, int K, int N, int M) {
         b.W[i] = upload_w(hw, (size_t)N * K, DTYPE_BF16);
         free(hcopy);
     }
-    for (int n = 0; n < N; n++) {  // ln_fold.cu's vectors, from the last set's W (the timing does not care)
-        double ss = 0, bb = hb[n];
-        for (int k = 0; k < K; k++)
-            ss += (double)hw[(size_t)n * K + k] * g[k], bb += (double)hw[(size_t)n * K + k] * be[k];
-        hs[n] = (float)ss, hb2[n] = (float)bb;
-    }
+    fold_vectors(hs, hb2, hw, g, be, hb, N, K);  // from the last set's W (the timing does not care)
     b.gamma = upload_w(g, K, DTYPE_F32), b.beta = upload_w(be, K, DTYPE_F32), b.s = upload_w(hs, N, DTYPE_F32);
     b.b2 = upload_w(hb2, N, DTYPE_F32), b.c = upload_w(hc, M, DTYPE_F32), b.bias = upload_w(hb, N, DTYPE_BF16);
     CK(cudaMalloc((void **)&b.mean, M * 4));
@@ -653,6 +661,140 @@ static void bench_copy(int K, int N, int M) {
     free(h);
     free_sets(b.rows.nsets, b.rows.W, b.rows.x);
     cudaFree(b.rows.bias), cudaFree(b.rows.y), cudaFree(b.copy.copy), cudaFree(gamma), cudaFree(shift);
+}
+
+// gemm_tiles (kernels/gemm_tiles.h) at a prompt's many rows: GPT-2 124M's four products against
+// cuBLASLt; the residual products with the copy and its parts; the folded qkv and fc against a
+// LayerNorm kernel + cuBLASLt (the pair they replace; the baseline's LayerNorm, unfused_baseline.h), from rows of mean ~10 with c their mean and the
+// parts made on the host. Each validated first (rel_l2 <= 1e-2: against cuBLASLt from y = 0, the fold
+// against the LayerNorm kernel + cuBLASLt).
+static void enqueue_tiles(void *p, int set) {
+    RowsBench *b = p;
+    CK(gemm_tiles(b->epi, b->y, b->N, b->x[set], b->W[set], b->bias, b->M, b->N, b->K, stream));
+}
+
+typedef struct {
+    RowsBench rows;
+    GemmTilesCopy copy;
+} TilesCopyBench;
+static void enqueue_tiles_copy(void *p, int set) {
+    TilesCopyBench *b = p;
+    CK(gemm_tiles_residual_copy(b->rows.y, b->rows.N, b->rows.x[set], b->rows.W[set], b->rows.bias, b->rows.M,
+                                b->rows.N, b->rows.K, &b->copy, stream));
+}
+
+static void bench_tiles(MatmulLtEpilogue epi, int K, int N, int M) {
+    static const char *names[] = {"none", "bias", "bias+residual", "bias+gelu"};
+    const DType yt = matmul_lt_ytype(epi, DTYPE_BF16);
+    TilesCopyBench b = {{epi, M, N, K, nsets_for((size_t)N * K * 2), 0, 0, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL}};
+    RowsBench *r = &b.rows;
+    random_sets(r->nsets, (size_t)N * K, (size_t)M * K, &r->W, &r->x);
+    float *h = xmalloc((N > M ? N : M) * 4);
+    for (int n = 0; n < N; n++) h[n] = 0.1f * frand();
+    r->bias = upload_w(h, N, yt);
+    CK(cudaMalloc(&r->y, (size_t)M * N * dtype_size(yt)));
+    CK(cudaMemsetAsync(r->y, 0, (size_t)M * N * dtype_size(yt), stream));
+    enqueue_rows_lt(r, 0);
+    float *ref = fetch(r->y, (size_t)M * N, yt);
+    CK(cudaMemsetAsync(r->y, 0, (size_t)M * N * dtype_size(yt), stream));
+    enqueue_tiles(r, 0);
+    float *out = fetch(r->y, (size_t)M * N, yt);
+    const double e = rel_l2(out, ref, (size_t)M * N);
+    const Timing tl = time_it(enqueue_rows_lt, r, r->nsets);
+    printf("tiles %-13s %4d->%-4d M=%-4d | cuBLASLt %6.2f us |", names[epi], K, N, M, tl.graph_us);
+    if (!(e <= 1e-2)) {
+        printf(" gemm_tiles INVALID (rel_l2 %.3g)\n", e);
+    } else {
+        const Timing t = time_it(enqueue_tiles, r, r->nsets);
+        printf(" gemm_tiles %6.2f (%.2fx)", t.graph_us, tl.graph_us / t.graph_us);
+        if (epi == MATMUL_LT_BIAS_RESIDUAL) {  // with the copy and parts (their values: test_fused_linear.c's)
+            for (int n = 0; n < N; n++) h[n] = 1.0f + 0.2f * frand();
+            float *gamma = upload_w(h, N, DTYPE_F32);
+            CK(cudaMalloc(&b.copy.copy, (size_t)M * N * 2));
+            CK(cudaMalloc((void **)&b.copy.parts, (size_t)M * GEMM_TILES_MAX_PARTS * 8));
+            b.copy.gamma = gamma;
+            const Timing tc = time_it(enqueue_tiles_copy, &b, r->nsets);
+            printf(" | with the copy %6.2f (+%.2f)", tc.graph_us, tc.graph_us - t.graph_us);
+            cudaFree(gamma), cudaFree(b.copy.copy), cudaFree(b.copy.parts);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    free(h), free(ref), free(out);
+    free_sets(r->nsets, r->W, r->x);
+    cudaFree(r->bias), cudaFree(r->y);
+}
+
+typedef struct {
+    MatmulLtEpilogue epi;
+    int M, N, K;
+    float *x, *gamma, *beta, *s, *b2, *c, *parts, *mean;
+    void *copy, *W, *bias, *xn, *y;  // bf16: gamma (x - c) [M, K], W [N, K], bias [N], LayerNorm(x) [M, K], y
+} TilesFoldBench;
+static void enqueue_tiles_ln_lt(void *p, int set) {
+    TilesFoldBench *b = p;
+    (void)set;
+    CK(baseline_layernorm(b->xn, b->x, b->gamma, b->beta, b->M, b->K, DTYPE_BF16, stream));
+    CB(matmul_lt(lt, b->epi, b->y, b->N, b->xn, b->W, DTYPE_BF16, b->bias, b->M, b->N, b->K, NULL, stream));
+}
+static void enqueue_tiles_fold(void *p, int set) {
+    TilesFoldBench *b = p;
+    (void)set;
+    const GemmTilesFold in = {b->copy, b->parts, gemm_tiles_parts(b->K), b->c, b->mean};
+    CK(gemm_tiles_fold(b->epi, b->y, b->N, &in, b->W, b->s, b->b2, b->M, b->N, b->K, stream));
+}
+
+static void bench_tiles_fold(MatmulLtEpilogue epi, int K, int N, int M) {
+    const int np = gemm_tiles_parts(K), cnt = K / np;
+    float *hx = xmalloc((size_t)M * K * 4), *hw = xmalloc((size_t)N * K * 4), *hc = xmalloc(M * 4);
+    float *hcopy = xmalloc((size_t)M * K * 4), *hp = xmalloc((size_t)M * np * 8);
+    float *g = xmalloc(K * 4), *be = xmalloc(K * 4), *hb = xmalloc(N * 4), *hs = xmalloc(N * 4), *hb2 = xmalloc(N * 4);
+    for (int k = 0; k < K; k++) g[k] = 1.0f + 0.2f * frand(), be[k] = 0.1f * frand();
+    for (int n = 0; n < N; n++) hb[n] = bf16_to_float(float_to_bf16(0.1f * frand()));
+    for (size_t j = 0; j < (size_t)N * K; j++) hw[j] = bf16_to_float(float_to_bf16(frand() * 0.03f));
+    for (int m = 0; m < M; m++) {  // rows of mean ~10, c their mean; each part's sum and M2
+        double sum = 0;
+        for (int k = 0; k < K; k++) sum += hx[(size_t)m * K + k] = 10.0f + frand();
+        hc[m] = (float)(sum / K);
+        for (int j = 0; j < np; j++) {
+            const float *v = hx + (size_t)m * K + j * cnt;
+            double ps = 0, m2 = 0;
+            for (int k = 0; k < cnt; k++) ps += v[k];
+            for (int k = 0; k < cnt; k++) m2 += (v[k] - ps / cnt) * (v[k] - ps / cnt);
+            hp[((size_t)m * np + j) * 2] = (float)ps, hp[((size_t)m * np + j) * 2 + 1] = (float)m2;
+        }
+    }
+    for (size_t j = 0; j < (size_t)M * K; j++) hcopy[j] = (hx[j] - hc[j / K]) * g[j % K];
+    fold_vectors(hs, hb2, hw, g, be, hb, N, K);
+    TilesFoldBench b = {epi, M, N, K, upload_w(hx, (size_t)M * K, DTYPE_F32), upload_w(g, K, DTYPE_F32),
+                        upload_w(be, K, DTYPE_F32), upload_w(hs, N, DTYPE_F32), upload_w(hb2, N, DTYPE_F32),
+                        upload_w(hc, M, DTYPE_F32), upload_w(hp, (size_t)M * np * 2, DTYPE_F32), NULL,
+                        upload_w(hcopy, (size_t)M * K, DTYPE_BF16), upload_w(hw, (size_t)N * K, DTYPE_BF16),
+                        upload_w(hb, N, DTYPE_BF16), NULL, NULL};
+    CK(cudaMalloc((void **)&b.mean, M * 4));
+    CK(cudaMalloc(&b.xn, (size_t)M * K * 2));
+    CK(cudaMalloc(&b.y, (size_t)M * N * 2));
+    enqueue_tiles_ln_lt(&b, 0);
+    float *ref = fetch(b.y, (size_t)M * N, DTYPE_BF16);
+    CK(cudaMemsetAsync(b.y, 0xff, (size_t)M * N * 2, stream));
+    enqueue_tiles_fold(&b, 0);
+    float *out = fetch(b.y, (size_t)M * N, DTYPE_BF16);
+    const double e = rel_l2(out, ref, (size_t)M * N);
+    const Timing tl = time_it(enqueue_tiles_ln_lt, &b, 1);  // W in L2 on both sides: 3.5-4.7 MB
+    printf("tiles fold %-9s %4d->%-4d M=%-4d | LayerNorm + cuBLASLt %6.2f us |",
+           epi == MATMUL_LT_BIAS ? "bias" : "bias+gelu", K, N, M, tl.graph_us);
+    if (!(e <= 1e-2)) {
+        printf(" gemm_tiles_fold INVALID (rel_l2 %.3g)\n", e);
+    } else {
+        const Timing t = time_it(enqueue_tiles_fold, &b, 1);
+        printf(" gemm_tiles_fold %6.2f (%.2fx)\n", t.graph_us, tl.graph_us / t.graph_us);
+    }
+    fflush(stdout);
+    free(hx), free(hw), free(hc), free(hcopy), free(hp), free(g), free(be), free(hb), free(hs), free(hb2);
+    free(ref), free(out);
+    cudaFree(b.x), cudaFree(b.gamma), cudaFree(b.beta), cudaFree(b.s), cudaFree(b.b2), cudaFree(b.c);
+    cudaFree(b.parts), cudaFree(b.mean), cudaFree(b.copy), cudaFree(b.W), cudaFree(b.bias), cudaFree(b.xn);
+    cudaFree(b.y);
 }
 
 // The logits of GPT-2 124M (768 -> 50257, y's rows 50304 apart): the engine's route past 4 rows
@@ -919,6 +1061,26 @@ int main(int argc, char **argv) {
             bench_fold(MATMUL_LT_BIAS_GELU, 768, 3072, Mf[mi]);
             bench_copy(768, 768, Mf[mi]);
             bench_copy(3072, 768, Mf[mi]);
+        }
+        return 0;
+    }
+    if ((argc == 2 || argc == 3) && !strcmp(argv[1], "--tiles")) {  // GPT-2 124M's products at a prompt's rows [M]
+        if (!gemm_tiles_available()) {
+            printf("SKIP --tiles: gemm_tiles needs an sm_90 device and an sm_90a build\n");
+            return 0;
+        }
+        int Mt[] = {769, 1024}, nm = 2;
+        if (argc == 3) {
+            Mt[0] = atoi(argv[2]), nm = 1;
+            if (Mt[0] < 1 || Mt[0] > GEMM_TILES_MAX_ROWS) die("--tiles: rows %s are not 1-%d", argv[2], GEMM_TILES_MAX_ROWS);
+        }
+        for (int mi = 0; mi < nm; mi++) {
+            bench_tiles(MATMUL_LT_BIAS, 768, 2304, Mt[mi]);
+            bench_tiles(MATMUL_LT_BIAS_RESIDUAL, 768, 768, Mt[mi]);
+            bench_tiles(MATMUL_LT_BIAS_GELU, 768, 3072, Mt[mi]);
+            bench_tiles(MATMUL_LT_BIAS_RESIDUAL, 3072, 768, Mt[mi]);
+            bench_tiles_fold(MATMUL_LT_BIAS, 768, 2304, Mt[mi]);
+            bench_tiles_fold(MATMUL_LT_BIAS_GELU, 768, 3072, Mt[mi]);
         }
         return 0;
     }

@@ -34,6 +34,7 @@
 
 #include "fused_ln_linear.h"
 #include "gemm_rows.h"
+#include "gemm_tiles.h"
 #include "linear_residual.h"
 
 // ----------------------------------------------------------------------------
@@ -471,10 +472,12 @@ static void run_res_case(int M, int N, int K, DType dt, LinearPath path, int big
 //   output   against the fold in fp64 from the kernel's copy and y (the kernel check: 1e-3 plus an
 //            output ulp), and against LayerNorm(y) W^T + b exactly (1e-2, the copy's rounding)
 // Outputs and the means past M poisoned first; every element must be written, nothing past M.
-static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data, int shift, int graph) {
+// tiles: through gemm_tiles (a prompt's many rows: the statistics from the residual product's parts),
+// else gemm_rows.
+static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data, int shift, int graph, int tiles) {
     char name[200];
-    snprintf(name, sizeof name, "ln fold M=%d %d->%d then %d->%d %s %s%s%s", M, Kp, K, K, N,
-             act == ACT_GELU ? "gelu" : "bias", data_name[data], shift ? " shifted" : "", graph ? " graph" : "");
+    snprintf(name, sizeof name, "ln fold%s M=%d %d->%d then %d->%d %s %s%s%s", tiles ? " gemm_tiles" : "", M, Kp, K,
+             K, N, act == ACT_GELU ? "gelu" : "bias", data_name[data], shift ? " shifted" : "", graph ? " graph" : "");
     float *x0 = xmalloc((size_t)M * K * sizeof(float)), *a = xmalloc((size_t)M * Kp * sizeof(float));
     float *Wp = xmalloc((size_t)K * Kp * sizeof(float)), *bp = xmalloc(K * sizeof(float));
     float *W = xmalloc((size_t)N * K * sizeof(float)), *bias = xmalloc(N * sizeof(float));
@@ -505,7 +508,7 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     float *dy = dev_upload(x0, (size_t)M * K * 4), *dbp = dev_upload(bp, K * 4), *dg = dev_upload(gamma, K * 4);
     float *dc = dev_upload(c, M * 4), *ds = dev_upload(s, N * 4), *db = dev_upload(b2, N * 4);
     void *dcopy = dev_upload(NULL, (size_t)M * K * 2), *dout = dev_upload(NULL, (size_t)M * N * 2);
-    float *dmean = dev_upload(NULL, (M + 8) * 4);
+    float *dmean = dev_upload(NULL, (M + 8) * 4), *dparts = dev_upload(NULL, (size_t)M * GEMM_TILES_MAX_PARTS * 2 * 4);
     cuda_ok(cudaMemset(dcopy, 0xff, (size_t)M * K * 2), "poison");
     cuda_ok(cudaMemset(dout, 0xff, (size_t)M * N * 2), "poison");
     cuda_ok(cudaMemset(dmean, 0xff, (M + 8) * 4), "poison");
@@ -518,8 +521,12 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     if (graph) cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-    const cudaError_t e1 = gemm_rows_residual_copy(dy, K, da, dWp, dbp, M, K, Kp, &copy, stream);
-    const cudaError_t e2 = gemm_rows_fold(epi, dout, N, &in, dW, ds, db, M, N, K, stream);
+    const GemmTilesCopy tcopy = {dcopy, dg, shift ? dc : NULL, dparts};
+    const GemmTilesFold tin = {dcopy, dparts, gemm_tiles_parts(K), shift ? dc : NULL, dmean};
+    const cudaError_t e1 = tiles ? gemm_tiles_residual_copy(dy, K, da, dWp, dbp, M, K, Kp, &tcopy, stream)
+                                 : gemm_rows_residual_copy(dy, K, da, dWp, dbp, M, K, Kp, &copy, stream);
+    const cudaError_t e2 = tiles ? gemm_tiles_fold(epi, dout, N, &tin, dW, ds, db, M, N, K, stream)
+                                 : gemm_rows_fold(epi, dout, N, &in, dW, ds, db, M, N, K, stream);
     if (graph) {
         cuda_ok(cudaStreamEndCapture(stream, &g), "end capture");
         if (g && cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate"))
@@ -584,7 +591,7 @@ static void run_fold_case(int M, int Kp, int K, int N, Activation act, int data,
     free(x0), free(a), free(Wp), free(bp), free(W), free(bias), free(gamma), free(beta), free(c), free(s), free(b2);
     free(y), free(cp), free(out), free(mean), free(ref), free(ref_exact);
     cudaFree(da), cudaFree(dWp), cudaFree(dW), cudaFree(dy), cudaFree(dbp), cudaFree(dg), cudaFree(dc), cudaFree(ds);
-    cudaFree(db), cudaFree(dcopy), cudaFree(dout), cudaFree(dmean);
+    cudaFree(db), cudaFree(dcopy), cudaFree(dout), cudaFree(dmean), cudaFree(dparts);
 }
 
 // What the fold refuses: its c and its means in one buffer (blocks would read the c that block 0 of
@@ -605,7 +612,36 @@ static void test_fold_refuses(void) {
               e[3] == cudaErrorNotSupported && e[4] == cudaErrorNotSupported && !gemm_rows_fold_takes(65, 64, 768) &&
               !gemm_rows_fold_takes(32, 64, 1088) && gemm_rows_fold_takes(64, 3072, 768),
           "ln fold refuses what it cannot run", "got %d %d %d %d %d", e[0], e[1], e[2], e[3], e[4]);
+    // gemm_tiles's: no parts, parts of no columns, c and means in one buffer, the residual epilogue, no
+    // copy's parts (invalid); a product it does not run (not supported).
+    const GemmTilesFold tok = {d, d + 4096, 16, d + 8192, d + 12288}, tnone = {d, NULL, 16, NULL, NULL};
+    const GemmTilesFold tzero = {d, d + 4096, 0, NULL, NULL}, tsame = {d, d + 4096, 16, d + 8192, d + 8192};
+    const GemmTilesCopy tnoparts = {d, d, NULL, NULL};
+    const cudaError_t t[] = {
+        gemm_tiles_fold(MATMUL_LT_BIAS, d, 2304, &tnone, d, d, d, 1024, 2304, 768, 0),
+        gemm_tiles_fold(MATMUL_LT_BIAS, d, 2304, &tzero, d, d, d, 1024, 2304, 768, 0),
+        gemm_tiles_fold(MATMUL_LT_BIAS, d, 2304, &tsame, d, d, d, 1024, 2304, 768, 0),
+        gemm_tiles_fold(MATMUL_LT_BIAS_RESIDUAL, d, 2304, &tok, d, d, d, 1024, 2304, 768, 0),
+        gemm_tiles_residual_copy(d, 768, d, d, d, 1024, 768, 768, &tnoparts, 0),
+        gemm_tiles_fold(MATMUL_LT_BIAS, d, 4096, &tok, d, d, d, 1024, 4096, 1024, 0),
+    };
+    CHECK(t[0] == cudaErrorInvalidValue && t[1] == cudaErrorInvalidValue && t[2] == cudaErrorInvalidValue &&
+              t[3] == cudaErrorInvalidValue && t[4] == cudaErrorInvalidValue && t[5] == cudaErrorNotSupported,
+          "gemm_tiles's fold refuses what it cannot run", "got %d %d %d %d %d %d", t[0], t[1], t[2], t[3], t[4],
+          t[5]);
     cudaFree(d);
+}
+
+// The fold through gemm_tiles at a prompt's rows: the attention projection into qkv at 769 rows (the
+// last row tile one row deep) on outlier channels with c, the MLP projection into fc at 1024 on offset
+// rows (mean 100) with c, in a graph.
+static void test_tiles_fold(int small) {
+    if (!gemm_tiles_available()) {
+        test_skip("ln fold, gemm_tiles", "gemm_tiles needs an sm_90 device and an sm_90a build");
+        return;
+    }
+    run_fold_case(769, 768, 768, 2304, ACT_NONE, DATA_OUTLIER, 1, 0, 1);
+    if (!small) run_fold_case(1024, 3072, 768, 3072, ACT_GELU, DATA_OFFSET, 1, 1, 1);
 }
 
 // Bad arguments come back as cudaErrorInvalidValue, nothing launched.
@@ -672,6 +708,13 @@ int main(void) {
     printf("# test_fused_linear seed %llu (GPT2_TEST_SEED to repeat)\n", (unsigned long long)rng_state);
     // GPT2_TEST_SMALL: fewer and smaller cases, for runs under compute-sanitizer.
     const int small = getenv("GPT2_TEST_SMALL") != NULL;
+    // GPT2_TEST_ONLY=gemm_tiles: its fold cases alone (compute-sanitizer's racecheck runs unfiltered:
+    // filtered to one kernel it faults in the others, docs/PERF.md "Session 32").
+    const char *only = getenv("GPT2_TEST_ONLY");
+    if (only && !strcmp(only, "gemm_tiles")) {
+        test_tiles_fold(small);
+        return test_exit_code();
+    }
     const int nshapes = small ? 4 : 9;
     int cc_major = 0;
     cuda_ok(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), "compute capability");
@@ -811,11 +854,12 @@ int main(void) {
                                   {64, 3072, 768, 2304, ACT_NONE, DATA_NORMAL, 0, 1}};
         for (int si = small ? 3 : 0; si < 6; si++)
             run_fold_case(fshapes[si][0], fshapes[si][1], fshapes[si][2], fshapes[si][3], (Activation)fshapes[si][4],
-                          fshapes[si][5], fshapes[si][6], fshapes[si][7]);
+                          fshapes[si][5], fshapes[si][6], fshapes[si][7], 0);
         test_fold_refuses();
     } else {
         test_skip("ln fold", "gemm_rows_fold needs an sm_90 device and an sm_90a build");
     }
+    test_tiles_fold(small);
     // The fp32 rows kernel: GPT-2 124M's qkv and fc at 2, 16 and 64 rows and 355M's fc (K = 1024) at 32
     // and 33; each launch's tile of rows (16, 32, 64) with each block width (32, 24: on 132 SMs,
     // 24 from 32 rows where N < ~3200) and a partial last column block; K ending inside a chunk (W's

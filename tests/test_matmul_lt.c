@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm_rows.h"
+#include "gemm_tiles.h"
 #include "graph_memsets.h"
 #include "logits_rows.h"
 #include "matmul_lt.h"
@@ -142,6 +143,8 @@ typedef struct {
 // Set: run_case and test_graph send their product through gemm_rows_ex with this many rows a block
 // and K split over rows_ks blocks (kernels/gemm_rows.h) instead of matmul_lt.
 static int rows_rb, rows_ks;
+// Set: they go through gemm_tiles (kernels/gemm_tiles.h) instead.
+static int use_tiles;
 
 static DType out_type(const Case *c) { return matmul_lt_ytype(c->epilogue, c->dt); }
 static size_t ldy(const Case *c) { return (size_t)c->N + c->pad; }
@@ -188,6 +191,12 @@ static void bufs_free(Bufs *b) {
 }
 
 static cublasStatus_t run_lt(const Case *c, const Bufs *b, void *y) {
+    if (use_tiles) {
+        const cudaError_t e = gemm_tiles(c->epilogue, y, (long long)ldy(c), b->x, b->W, b->bias_lt, c->M, c->N, c->K,
+                                         stream);
+        if (e != cudaSuccess) printf("  gemm_tiles: %s\n", cudaGetErrorString(e));
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     if (rows_rb) {
         const cudaError_t e = gemm_rows_ex(c->epilogue, y, (long long)ldy(c), b->x, b->W,
                                            c->epilogue == MATMUL_LT_NONE ? NULL : b->bias_lt, c->M, c->N, c->K,
@@ -236,7 +245,8 @@ static int judge(const char *name, const Case *c, const Bufs *b, float *out, con
 
 static void case_name(char *name, size_t len, const Case *c, const char *what) {
     char route[32] = "matmul_lt";
-    if (rows_rb && rows_ks) snprintf(route, sizeof(route), "gemm_rows rb %d ks %d", rows_rb, rows_ks);
+    if (use_tiles) snprintf(route, sizeof(route), "gemm_tiles");
+    else if (rows_rb && rows_ks) snprintf(route, sizeof(route), "gemm_rows rb %d ks %d", rows_rb, rows_ks);
     else if (rows_rb) snprintf(route, sizeof(route), "gemm_rows rb %d", rows_rb);
     snprintf(name, len, "%s %s %s M=%d N=%d K=%d%s%s%s", route, dtype_name(c->dt), epilogue_name[c->epilogue], c->M,
              c->N, c->K, c->big ? " large-magnitude" : "", c->offset ? " misaligned" : "", what);
@@ -550,6 +560,59 @@ static void test_bad_args(void) {
 }
 
 // ----------------------------------------------------------------------------
+// gemm_tiles (kernels/gemm_tiles.h): GPT-2 124M's layer products at a prompt's many rows on Hopper
+
+// A product's shape and epilogue.
+typedef struct {
+    MatmulLtEpilogue epilogue;
+    int N, K;
+} Product;
+
+// Each of GPT-2 124M's four products (test_rows's first four) with the epilogue it runs, at rows that
+// fill 7 and 8 row tiles (the last partly past M at 769 and 1000), large magnitudes at odd row counts,
+// padded y rows once, a graph replay; then what it refuses.
+static void test_tiles(void) {
+    static const Product shapes[] = {
+        {MATMUL_LT_BIAS, 2304, 768}, {MATMUL_LT_BIAS_RESIDUAL, 768, 768},
+        {MATMUL_LT_BIAS_GELU, 3072, 768}, {MATMUL_LT_BIAS_RESIDUAL, 768, 3072},
+    };
+    const int Ms[] = {769, 1000, 1024};
+    use_tiles = 1;
+    for (size_t si = 0; si < 4; si++)
+        for (int mi = 0; mi < 3; mi++) {
+            if (small && mi != 1) continue;
+            const int pad = si == 0 && mi == 2 ? 8 : 0;
+            Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, pad};
+            run_case(&c, pad ? " ldy 2312" : "");
+        }
+    test_graph((Case){MATMUL_LT_BIAS_RESIDUAL, DTYPE_BF16, 1000, 768, 3072, 0, 0, 0});
+    use_tiles = 0;
+
+    // A shape or an epilogue of another product, too many rows, a misaligned x or an ldy that breaks
+    // y's 16-byte rows: not supported; no bias: invalid. Taken: only rows that fill 3/4 to one wave.
+    void *base;
+    char *d = dev_buf(1 << 24, 0, &base);
+    const cudaError_t e[] = {
+        gemm_tiles(MATMUL_LT_BIAS_GELU, d, 2304, d, d, d, 1024, 2304, 768, stream),
+        gemm_tiles(MATMUL_LT_BIAS, d, 1024, d, d, d, 1024, 1024, 1024, stream),
+        gemm_tiles(MATMUL_LT_BIAS, d, 2304, d, d, d, GEMM_TILES_MAX_ROWS + 1, 2304, 768, stream),
+        gemm_tiles(MATMUL_LT_BIAS, d, 2304, d + 4, d, d, 1024, 2304, 768, stream),
+        gemm_tiles(MATMUL_LT_BIAS, d, 2308, d, d, d, 1024, 2304, 768, stream),
+        gemm_tiles(MATMUL_LT_BIAS, d, 2304, d, d, NULL, 1024, 2304, 768, stream),
+    };
+    int sms = 0;
+    cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+    const int takes = gemm_tiles_takes(1024, 2304, 768);
+    CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
+              e[3] == cudaErrorNotSupported && e[4] == cudaErrorNotSupported && e[5] == cudaErrorInvalidValue &&
+              takes == (128 <= sms) && !gemm_tiles_takes(512, 2304, 768) && !gemm_tiles_takes(1024, 2304, 1024) &&
+              gemm_tiles_parts(768) == 16 && gemm_tiles_parts(2304) == 0,
+          "gemm_tiles refuses what it cannot run", "got %d %d %d %d %d %d; takes(1024) %d on %d SMs", e[0], e[1], e[2],
+          e[3], e[4], e[5], takes, sms);
+    cudaFree(base);
+}
+
+// ----------------------------------------------------------------------------
 // gemm_rows (kernels/gemm_rows.h): the same products of a few rows on Hopper
 
 // Every row tile and split of K at batched-decode row counts (a row block partly past M, one row, a
@@ -558,10 +621,7 @@ static void test_bad_args(void) {
 // prompt's rows (past 64: several row blocks of 32 or 64); the logits' width once; a graph replay;
 // and the MLP's two products chained in a graph by PDL, the second reading what the first wrote.
 static void test_rows(void) {
-    static const struct {
-        MatmulLtEpilogue epilogue;
-        int N, K;
-    } shapes[] = {
+    static const Product shapes[] = {
         {MATMUL_LT_BIAS, 2304, 768},          // qkv
         {MATMUL_LT_BIAS_RESIDUAL, 768, 768},  // attention projection
         {MATMUL_LT_BIAS_GELU, 3072, 768},     // fc
@@ -862,34 +922,10 @@ static void test_logits_rows_greedy_ties(void) {
     for (int i = 0; i < 4; i++) cudaFree(bb[i]);
 }
 
-int main(void) {
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        char why[200];
-        snprintf(why, sizeof(why), "no GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
-        test_skip("test_matmul_lt", why);
-        return 0;
-    }
-    const char *seed_env = getenv("GPT2_TEST_SEED");
-    seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    printf("# test_matmul_lt seed %llu (GPT2_TEST_SEED to repeat)\n", (unsigned long long)seed);
-    small = getenv("GPT2_TEST_SMALL") != NULL;
-
-    Error err = {0};
-    // Non-blocking, as the engine's: inputs are filled in stream order (upload, bufs_reset), and
-    // results read after a stream synchronization.
-    if (!cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream") ||
-        cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS ||
-        !(lt = matmul_lt_create((size_t)32 << 20, &err))) {
-        CHECK(0, "matmul_lt setup", "stream, cuBLAS or matmul_lt_create failed: %s", err.msg);
-        return test_exit_code();
-    }
-
-    static const struct {
-        MatmulLtEpilogue epilogue;
-        int N, K;
-    } shapes[] = {
+// Every product through matmul_lt (against the unfused ops), its plan cache, graphs, tuning and bad
+// arguments; then gemm_rows and logits_rows where they run.
+static void test_products(void) {
+    static const Product shapes[] = {
         {MATMUL_LT_NONE, 50257, 768},          // the logits
         {MATMUL_LT_NONE, 1000, 100},
         {MATMUL_LT_BIAS, 2304, 768},           // qkv
@@ -929,6 +965,37 @@ int main(void) {
     if (gemm_rows_available())
         test_rows(), test_logits_rows(), test_logits_rows_greedy_ties();
     else test_skip("gemm_rows and logits_rows", "not an sm_90 device with an sm_90a build");
+}
+
+int main(void) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        char why[200];
+        snprintf(why, sizeof(why), "no GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        test_skip("test_matmul_lt", why);
+        return 0;
+    }
+    const char *seed_env = getenv("GPT2_TEST_SEED");
+    seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    printf("# test_matmul_lt seed %llu (GPT2_TEST_SEED to repeat)\n", (unsigned long long)seed);
+    small = getenv("GPT2_TEST_SMALL") != NULL;
+
+    Error err = {0};
+    // Non-blocking, as the engine's: inputs are filled in stream order (upload, bufs_reset), and
+    // results read after a stream synchronization.
+    if (!cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream") ||
+        cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS ||
+        !(lt = matmul_lt_create((size_t)32 << 20, &err))) {
+        CHECK(0, "matmul_lt setup", "stream, cuBLAS or matmul_lt_create failed: %s", err.msg);
+        return test_exit_code();
+    }
+    // GPT2_TEST_ONLY=gemm_tiles: its cases alone (compute-sanitizer's racecheck runs unfiltered: filtered to
+    // one kernel it faults in the others, docs/PERF.md "Session 32").
+    const char *only = getenv("GPT2_TEST_ONLY");
+    if (!only || strcmp(only, "gemm_tiles")) test_products();
+    if (gemm_tiles_available()) test_tiles();
+    else test_skip("gemm_tiles", "not an sm_90 device with an sm_90a build");
 
     matmul_lt_free(lt);
     cublasDestroy(cublas);
