@@ -30,7 +30,7 @@ namespace {
 constexpr int BM = 128, BK = 64, THREADS = 384;
 
 // GELU with tanh.approx (one MUFU op, ~2^-11 relative error) instead of tanhf's ~25 instructions: the
-// output is bf16, and tanhf cost ~2.6 us of fc's epilogue at 1024 rows (docs/PERF.md, "Session 60").
+// output is bf16, and tanhf cost ~1.5 us of fc's epilogue at 1024 rows (docs/PERF.md, "Session 60").
 __device__ __forceinline__ float gelu_fast(float x) {
     const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
     float t;
@@ -238,8 +238,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float v0 = acc[j][2 * h], v1 = acc[j][2 * h + 1];
-            if (FOLD) v0 = fmaf(ra[h], v0, fmaf(-rb[h], sv.x, bias.x)), v1 = fmaf(ra[h], v1, fmaf(-rb[h], sv.y, bias.y));
-            else v0 += bias.x, v1 += bias.y;
+            if (FOLD) {
+                v0 = fmaf(ra[h], v0, fmaf(-rb[h], sv.x, bias.x));
+                v1 = fmaf(ra[h], v1, fmaf(-rb[h], sv.y, bias.y));
+            } else {
+                v0 += bias.x, v1 += bias.y;
+            }
             if (EPI == MATMUL_LT_BIAS_GELU) v0 = gelu_fast(v0), v1 = gelu_fast(v1);
             acc[j][2 * h] = v0, acc[j][2 * h + 1] = v1;
         }
@@ -249,8 +253,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int at = (rl + 8 * h) * L::LD + cl + 8 * j;
-            if (RESID) *reinterpret_cast<float2 *>((float *)stage + at) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-            else *reinterpret_cast<__nv_bfloat162 *>((bf16 *)stage + at) = __floats2bfloat162_rn(acc[j][2 * h], acc[j][2 * h + 1]);
+            const float v0 = acc[j][2 * h], v1 = acc[j][2 * h + 1];
+            if (RESID) *reinterpret_cast<float2 *>((float *)stage + at) = make_float2(v0, v1);
+            else *reinterpret_cast<__nv_bfloat162 *>((bf16 *)stage + at) = __floats2bfloat162_rn(v0, v1);
         }
     named_barrier(1 + c, 128);
 

@@ -665,9 +665,9 @@ static void bench_copy(int K, int N, int M) {
 
 // gemm_tiles (kernels/gemm_tiles.h) at a prompt's many rows: GPT-2 124M's four products against
 // cuBLASLt; the residual products with the copy and its parts; the folded qkv and fc against a
-// LayerNorm kernel + cuBLASLt (the pair they replace; the baseline's LayerNorm, unfused_baseline.h), from rows of mean ~10 with c their mean and the
-// parts made on the host. Each validated first (rel_l2 <= 1e-2: against cuBLASLt from y = 0, the fold
-// against the LayerNorm kernel + cuBLASLt).
+// LayerNorm kernel + cuBLASLt (the pair they replace; the LayerNorm is unfused_baseline.h's), from rows
+// of mean ~10 with c their mean and the parts made on the host. Each validated first (rel_l2 <= 1e-2:
+// against cuBLASLt from y = 0, the fold against the LayerNorm kernel + cuBLASLt).
 static void enqueue_tiles(void *p, int set) {
     RowsBench *b = p;
     CK(gemm_tiles(b->epi, b->y, b->N, b->x[set], b->W[set], b->bias, b->M, b->N, b->K, stream));
@@ -686,7 +686,8 @@ static void enqueue_tiles_copy(void *p, int set) {
 static void bench_tiles(MatmulLtEpilogue epi, int K, int N, int M) {
     static const char *names[] = {"none", "bias", "bias+residual", "bias+gelu"};
     const DType yt = matmul_lt_ytype(epi, DTYPE_BF16);
-    TilesCopyBench b = {{epi, M, N, K, nsets_for((size_t)N * K * 2), 0, 0, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL}};
+    TilesCopyBench b = {{epi, M, N, K, nsets_for((size_t)N * K * 2), 0, 0, NULL, NULL, NULL, NULL},
+                        {NULL, NULL, NULL, NULL}};
     RowsBench *r = &b.rows;
     random_sets(r->nsets, (size_t)N * K, (size_t)M * K, &r->W, &r->x);
     float *h = xmalloc((N > M ? N : M) * 4);
@@ -1072,7 +1073,8 @@ int main(int argc, char **argv) {
         int Mt[] = {769, 1024}, nm = 2;
         if (argc == 3) {
             Mt[0] = atoi(argv[2]), nm = 1;
-            if (Mt[0] < 1 || Mt[0] > GEMM_TILES_MAX_ROWS) die("--tiles: rows %s are not 1-%d", argv[2], GEMM_TILES_MAX_ROWS);
+            if (Mt[0] < 1 || Mt[0] > GEMM_TILES_MAX_ROWS)
+                die("--tiles: rows %s are not 1-%d", argv[2], GEMM_TILES_MAX_ROWS);
         }
         for (int mi = 0; mi < nm; mi++) {
             bench_tiles(MATMUL_LT_BIAS, 768, 2304, Mt[mi]);
