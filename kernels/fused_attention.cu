@@ -49,7 +49,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace {
 
@@ -1393,8 +1392,6 @@ template <typename K> cudaError_t allow_smem(K kernel, size_t bytes) {
                                 (int)bytes);
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 // Resident blocks per multiprocessor of a decode kernel (cached per kernel and shared memory).
 template <typename K> int blocks_per_sm(K kernel, size_t smem) {
     struct Entry {
@@ -1669,9 +1666,7 @@ cudaError_t launch_mma_cfg(const NewRows<bf16> &nr, bf16 *kc, bf16 *vc, bf16 *ou
 // so that tests run both kernels).
 bool wgmma_prefill_on() {
 #if GPT2_SM90A
-    const char *env = getenv("GPT2_ATTN_WGMMA");
-    return device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9 &&
-           device_attr<cudaDevAttrComputeCapabilityMinor>(-1) == 0 && !(env && strcmp(env, "0") == 0);
+    return device_is_sm90() && !env_off("GPT2_ATTN_WGMMA");
 #else
     return false;
 #endif

@@ -400,8 +400,6 @@ cudaError_t run(int i, bool fold_or_copy, const Args &a, const void *x, const vo
     }
 }
 
-bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
-
 // The checks every entry point shares: cudaErrorInvalidValue for bad arguments, cudaErrorNotSupported
 // for what it does not run; the shape's index in *shape.
 cudaError_t check(MatmulLtEpilogue epilogue, const void *y, long long ldy, const void *x, const void *W,

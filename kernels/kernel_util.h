@@ -85,6 +85,9 @@ static inline bool env_off(const char *name) {
     return v && v[0] == '0' && v[1] == '\0';
 }
 
+// Whether p is 16-byte aligned (vector loads, TMA).
+static inline bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
 // Runs `body` with T bound to the element type of dtype.
 #define DISPATCH_DTYPE(dtype, T, ...)    \
     do {                                 \

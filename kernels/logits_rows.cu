@@ -13,7 +13,6 @@
 // before refilling it and the warpgroup on full's phase (i / STAGES) & 1 before multiplying it.
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "gemm_rows.h"  // gemm_rows_available
 #include "greedy_pick.cuh"
@@ -224,8 +223,8 @@ cudaError_t launch_rows(int rb, int stages, float *y, long long ldy, const void 
 }  // namespace
 
 extern "C" int logits_rows_takes(int M, int K) {
-    static int off = -1;  // GPT2_LOGITS_ROWS=0
-    if (off < 0) off = getenv("GPT2_LOGITS_ROWS") && strcmp(getenv("GPT2_LOGITS_ROWS"), "0") == 0;
+    static int off = -1;
+    if (off < 0) off = env_off("GPT2_LOGITS_ROWS");
     return !off && gemm_rows_available() && M >= 1 && M <= 64 && K > 0 && K % 8 == 0 &&
            pick_stages(K, pick_rows(M)) > 0;
 }
