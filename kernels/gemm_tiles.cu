@@ -1,6 +1,7 @@
-// Products of a prompt's many rows on Hopper (gemm_tiles.h): a block a 128 x BN tile of y over all of K,
-// one producer thread streaming K slices of W and x by TMA into a ring of stages, two wgmma consumer
-// warpgroups of 64 rows each, the epilogue staged through shared memory.
+// Products of a prompt's many rows on Hopper (gemm_tiles.h): a block a 128 x BN tile of y over all of K
+// (or a pair of blocks a 128 x 2 BN tile, each over half of K: KS = 2), one producer thread streaming K
+// slices of W and x by TMA into a ring of stages, two wgmma consumer warpgroups of 64 rows each, the
+// epilogue staged through shared memory.
 //
 // A block's 384 threads:
 //   warp 0, thread 0   the producer: W's first STAGES slices before the PDL wait (weights), x's after
@@ -12,13 +13,15 @@
 // The producer warpgroup gives its registers to the consumers (setmaxnreg).
 //
 // Shared memory, 1024-byte aligned (the 128-byte swizzle's period):
-//   ring     STAGES x (x's 128 rows + W's BN rows) x 64 k, bf16 under the swizzle; once every MMA is
-//            done, the epilogue's staging (each warpgroup's 64 x BN values, padded rows)
+//   ring     STAGES x (x's 128 rows + W's KS BN rows) x 64 k, bf16 under the swizzle; once every MMA
+//            is done, the epilogue's staging (each warpgroup's 64 x BN values, padded rows)
 //   old      RESIDUAL: y's old fp32 tile [128][BN], by TMA during the K loop
+//   inbox    KS = 2: the other block's partial sums of this block's BN columns
 //   vectors  bias, s, gamma [BN] fp32; the copy's shifts [128]
 //   tail     the barriers; FOLD: the rows' rstd and (mean - c) rstd
 #include <stdint.h>
 
+#include "cluster.cuh"
 #include "gemm_tiles.h"
 #include "kernel_util.h"
 #include "pdl.cuh"
@@ -45,9 +48,9 @@ __device__ __forceinline__ float gelu_fast(float x) {
 #else
 #define SETMAXNREG_ASM(...) asm volatile(__VA_ARGS__)
 #endif
-// The producer warpgroup keeps 80 registers a thread (the statistics' warps hold two rows' 16 parts),
-// the consumers take the rest: 128 x 80 + 256 x 208 = 63,488 of 65,536.
-__device__ __forceinline__ void regs_producer() { SETMAXNREG_ASM("setmaxnreg.dec.sync.aligned.u32 80;\n"); }
+// The producer warpgroup keeps 88 registers a thread (the statistics' warps hold two rows' 16 parts;
+// with 80 they spilled), the consumers take the rest: 128 x 88 + 256 x 208 = 64,512 of 65,536.
+__device__ __forceinline__ void regs_producer() { SETMAXNREG_ASM("setmaxnreg.dec.sync.aligned.u32 88;\n"); }
 __device__ __forceinline__ void regs_consumer() { SETMAXNREG_ASM("setmaxnreg.inc.sync.aligned.u32 208;\n"); }
 #undef SETMAXNREG_ASM
 __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -71,52 +74,69 @@ struct Args {
     int M, N, K;
 };
 
-template <int BN, int STAGES, int EPI> struct Layout {
+// BN: a block's output columns; KS: the blocks of a cluster that split K, each multiplying KS BN
+// columns of W over its 1/KS of K (see the kernel).
+template <int BN, int KS, int STAGES, int EPI> struct Layout {
     static constexpr bool RESID = EPI == MATMUL_LT_BIAS_RESIDUAL;
-    static constexpr int STAGE = (BM + BN) * BK * 2;
-    // staged rows: fp32 4 floats past a multiple of 32 (a thread a row reads 16-byte vectors without
-    // conflicts), bf16 8 past (the accumulators' 4-byte writes)
+    static constexpr int STAGE = (BM + KS * BN) * BK * 2;
+    // staged rows: fp32 4 floats past a multiple of 32, bf16 8 past (the accumulators' writes and the
+    // rows' 16-byte reads spread over the banks)
     static constexpr int LD = RESID ? BN + 4 : BN + 8, ESZ = RESID ? 4 : 2, EPI_BYTES = 64 * LD * ESZ;
     static constexpr size_t RING = STAGES * STAGE > 2 * EPI_BYTES ? (size_t)STAGES * STAGE : 2 * EPI_BYTES;
     static constexpr size_t OLD = RESID ? (size_t)BM * BN * 4 : 0;
+    static constexpr size_t INBOX = KS > 1 ? (size_t)256 * BN / 8 * 16 : 0;  // a consumer thread's BN / 8 float4
     static constexpr size_t VEC = (3 * BN + BM) * 4;
     static constexpr size_t TAIL = 256 + 2 * BM * 4;
-    static constexpr size_t SMEM = 1024 + RING + OLD + VEC + TAIL;
-    static_assert(RING % 1024 == 0 && OLD % 128 == 0 && VEC % 8 == 0, "alignment");
-    static_assert((2 * STAGES + 2) * 8 <= 256, "barriers");
+    static constexpr size_t SMEM = 1024 + RING + OLD + INBOX + VEC + TAIL;
+    static_assert(RING % 1024 == 0 && OLD % 128 == 0 && INBOX % 16 == 0 && VEC % 8 == 0, "alignment");
+    static_assert((2 * STAGES + 3) * 8 <= 256, "barriers");
 };
 
 // y's tile (m0, n0) of BN columns; FOLD: LayerNorm folded (MATMUL_LT_BIAS or _GELU); COPY: the
 // residual product's copy and parts (MATMUL_LT_BIAS_RESIDUAL).
-template <int BN, int STAGES, int EPI, bool FOLD, bool COPY>
+// KS = 2: K split over a cluster of two blocks, which multiply the same 128 x 2 BN tile over one half
+// of K each, then exchange halves of their partial sums (st_async into the other's inbox), so that
+// each finishes BN columns: against a whole-K 128 x BN tile a block reads x for half of K, not all of
+// it (the MLP projection's x is 3/4 of what its blocks read from L2).
+template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY>
 __global__ void __launch_bounds__(THREADS, 1)
     tiles_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap x_tail_map,
                  const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap old_map,
                  const __grid_constant__ CUtensorMap old_tail_map, Args a) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
-    typedef Layout<BN, STAGES, EPI> L;
+    typedef Layout<BN, KS, STAGES, EPI> L;
     constexpr bool RESID = L::RESID;
+    constexpr int WN = KS * BN;  // W's rows a block multiplies
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     float *old = reinterpret_cast<float *>(smem + L::RING);
-    float *vec_bias = reinterpret_cast<float *>(smem + L::RING + L::OLD), *vec_s = vec_bias + BN,
+    float4 *inbox = reinterpret_cast<float4 *>(smem + L::RING + L::OLD);
+    float *vec_bias = reinterpret_cast<float *>(smem + L::RING + L::OLD + L::INBOX), *vec_s = vec_bias + BN,
           *vec_g = vec_s + BN, *vec_c = vec_g + BN;
-    unsigned char *tail = smem + L::RING + L::OLD + L::VEC;
+    unsigned char *tail = smem + L::RING + L::OLD + L::INBOX + L::VEC;
     uint64_t *full = reinterpret_cast<uint64_t *>(tail), *empty = full + STAGES, *epi_bar = empty + STAGES,
-             *old_bar = epi_bar + 1;
+             *old_bar = epi_bar + 1, *inbox_bar = old_bar + 1;
     float *row_a = reinterpret_cast<float *>(tail + 256), *row_b = row_a + BM;
 
-    const int M = a.M, N = a.N, K = a.K, k_steps = K / BK;
-    const int m_tiles = (M + BM - 1) / BM, m0 = blockIdx.x % m_tiles * BM, n0 = blockIdx.x / m_tiles * BN;
+    // A cluster's blocks are consecutive: rank r takes K slices [r k_steps, (r + 1) k_steps) of W's
+    // rows [nw, nw + WN) and finishes y's columns [n0, n0 + BN).
+    const int M = a.M, N = a.N, K = a.K, k_steps = K / BK / KS, rank = blockIdx.x % KS, k0 = rank * k_steps * BK;
+    const int m_tiles = (M + BM - 1) / BM, m0 = blockIdx.x / KS % m_tiles * BM, nw = blockIdx.x / KS / m_tiles * WN,
+              n0 = nw + rank * BN;
     const int tid = threadIdx.x;
     pdl_launch_dependents();  // kernels/pdl.cuh: the next grid may be scheduled (it waits for this one)
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);  // 8 consumer warps
         mbar_init(epi_bar, 32 + (FOLD ? 64 : 0));
         mbar_init(old_bar, 1);
+        if (KS > 1) mbar_init(inbox_bar, 1);
         mbar_fence_init();
+        if (KS > 1) mbar_arrive_expect_tx(inbox_bar, L::INBOX);  // the other block's partial sums
     }
     __syncthreads();
+    // "Started": the barriers are initialised, so the other block may store into this one once it has
+    // waited on this phase (cluster.cuh).
+    if constexpr (KS > 1) cluster_arrive_relaxed();
 
     // ---- the producer warpgroup
     if (tid < 128) {
@@ -129,15 +149,15 @@ __global__ void __launch_bounds__(THREADS, 1)
             // "Session 60"). The stage's rows past them keep stale values, whose output rows are not stored.
             const int rows = min(BM, M - m0);
             const CUtensorMap *xm = rows < BM ? &x_tail_map : &x_map, *om = rows < BM ? &old_tail_map : &old_map;
-            const uint32_t stage_bytes = (BN + rows) * BK * 2;
+            const uint32_t stage_bytes = (WN + rows) * BK * 2;
             tma_prefetch_map(xm), tma_prefetch_map(&w_map);
             const int ahead = min(k_steps, STAGES);
             for (int k = 0; k < ahead; k++) {
                 mbar_arrive_expect_tx(&full[k], stage_bytes);
-                tma_load(wt(k), &w_map, k * BK, n0, &full[k]);
+                tma_load(wt(k), &w_map, k0 + k * BK, nw, &full[k]);
             }
             pdl_wait();  // x (and y's old rows) come from the kernels before
-            for (int k = 0; k < ahead; k++) tma_load(xt(k), xm, k * BK, m0, &full[k]);
+            for (int k = 0; k < ahead; k++) tma_load(xt(k), xm, k0 + k * BK, m0, &full[k]);
             if (RESID) {
                 mbar_arrive_expect_tx(old_bar, rows * BN * 4);
                 tma_load(old, om, n0, m0, old_bar);
@@ -146,8 +166,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const int s = k % STAGES;
                 mbar_wait(&empty[s], (k / STAGES - 1) & 1);  // the consumers are done with slice k - STAGES
                 mbar_arrive_expect_tx(&full[s], stage_bytes);
-                tma_load(wt(s), &w_map, k * BK, n0, &full[s]);
-                tma_load(xt(s), xm, k * BK, m0, &full[s]);
+                tma_load(wt(s), &w_map, k0 + k * BK, nw, &full[s]);
+                tma_load(xt(s), xm, k0 + k * BK, m0, &full[s]);
             }
         } else if (tid >= 32 && tid < 64) {
             for (int i = tid - 32; i < BN; i += 32) {
@@ -202,9 +222,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     regs_consumer();
     pdl_wait();
     const int c = tid / 128 - 1, warp = tid / 32 % 4, lane = tid % 32, t = tid % 128;
-    float acc[BN / 8][4];
+    float part[WN / 8][4];  // this block's partial sums over its K slices
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < WN / 8; j++) part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.f;
     for (int k = 0; k < k_steps; k++) {
         const int s = k % STAGES;
         mbar_wait(&full[s], (k / STAGES) & 1);
@@ -212,13 +232,41 @@ __global__ void __launch_bounds__(THREADS, 1)
                        wd = wgmma_desc_sw128(smem + s * L::STAGE + BM * BK * 2);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_ss<BN>(acc, xd + 2 * kk, wd + 2 * kk);
+        for (int kk = 0; kk < 4; kk++) wgmma_ss<WN>(part, xd + 2 * kk, wd + 2 * kk);
         wgmma_commit();
         wgmma_wait<1>();  // slice k - 1's MMAs are done: its stage is free where a later slice needs it
         if (k > 0 && k - 1 + STAGES < k_steps && lane == 0) mbar_arrive(&empty[(k - 1) % STAGES]);
     }
     wgmma_wait<0>();
-    wgmma_hold(acc);
+    wgmma_hold(part);
+    // acc: y's BN columns of this thread, over all of K
+    float acc[BN / 8][4];
+    if constexpr (KS == 1) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] = part[j][e];
+    } else {
+        // The other block's columns of this thread's partial sums to its inbox, in fragment order (a
+        // thread's float4s 16 bytes apart, without conflicts), then its sums of this block's columns in.
+        static_assert(KS == 2, "a pair");
+        cluster_wait();  // the other block has started: its inbox barrier is initialised
+        const int ct = tid - 128;
+        const uint32_t to = cluster_map(inbox, rank ^ 1), bar = cluster_map(inbox_bar, rank ^ 1);
+        // part[j][e] of columns half h (selects, not an indexed register array, which would spill)
+        auto half = [&](int j, int e, bool h) { return h ? part[j + BN / 8][e] : part[j][e]; };
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+            st_async(to + (uint32_t)(j * 256 + ct) * 16,
+                     make_float4(half(j, 0, !rank), half(j, 1, !rank), half(j, 2, !rank), half(j, 3, !rank)), bar);
+        mbar_wait_cluster(inbox_bar, 0);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const float4 q = inbox[j * 256 + ct];
+            acc[j][0] = half(j, 0, rank) + q.x, acc[j][1] = half(j, 1, rank) + q.y;
+            acc[j][2] = half(j, 2, rank) + q.z, acc[j][3] = half(j, 3, rank) + q.w;
+        }
+    }
     named_barrier(3, 256);    // both warpgroups' MMAs are done with the ring: it becomes the staging
     mbar_wait(epi_bar, 0);    // the vectors (and the fold's row statistics)
 
@@ -260,53 +308,61 @@ __global__ void __launch_bounds__(THREADS, 1)
     named_barrier(1 + c, 128);
 
     if constexpr (RESID) {
-        // y += the staged values, from the old tile; COPY also stages the new rows for their statistics.
-        constexpr int CPR = BN / 4, PER = 64 * CPR / 128;
-        static_assert(64 * CPR % 128 == 0, "whole vectors a thread");
+        // y += the staged values, from the old tile. A quad of lanes a row: thread t takes rows q and
+        // q + 32 (q = t / 4), float4 columns u, u + 4, ... (u = t % 4), so that COPY's statistics of a
+        // row are a quad's shuffles, not a second staging pass after a barrier: the copy's cost over the
+        // plain product at 1024 rows 0.84 -> 0.47 us in the MLP projection, 0.84 -> 0.72 in the
+        // attention projection (docs/PERF.md, "Session 61").
+        constexpr int V = BN / 16;  // float4s a thread a row
+        static_assert(BN % 16 == 0, "whole float4s a lane");
         float *y = static_cast<float *>(a.y);
+        const int q = t / 4, u = t % 4;
         mbar_wait(old_bar, 0);  // landed during the K loop
-        float4 nv[PER], gm[PER];
-        float cr[PER];
+        float4 nv[2][V];
 #pragma unroll
-        for (int b = 0; b < PER; b++) {
-            const int i = t + 128 * b, r = i / CPR, cc = i % CPR * 4;
-            const float4 d = *reinterpret_cast<const float4 *>((const float *)stage + r * L::LD + cc),
-                         o = *reinterpret_cast<const float4 *>(old + (64 * c + r) * BN + cc);
-            nv[b] = make_float4(o.x + d.x, o.y + d.y, o.z + d.z, o.w + d.w);
-            if (COPY) gm[b] = *reinterpret_cast<const float4 *>(vec_g + cc), cr[b] = vec_c[64 * c + r];
-        }
+        for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int b = 0; b < PER; b++) {
-            const int i = t + 128 * b, r = i / CPR, cc = i % CPR * 4, row = mr0 + r;
-            const float4 v = nv[b];
-            if (row < M) *reinterpret_cast<float4 *>(y + (size_t)row * a.ldy + n0 + cc) = v;
-            if (COPY) {
-                *reinterpret_cast<float4 *>((float *)stage + r * L::LD + cc) = v;
-                const __nv_bfloat162 lo = __floats2bfloat162_rn(gm[b].x * (v.x - cr[b]), gm[b].y * (v.y - cr[b])),
-                                     hi = __floats2bfloat162_rn(gm[b].z * (v.z - cr[b]), gm[b].w * (v.w - cr[b]));
-                const uint2 pk = {*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi)};
-                if (row < M) *reinterpret_cast<uint2 *>(a.copy + (size_t)row * N + n0 + cc) = pk;
+            for (int v = 0; v < V; v++) {
+                const int r = q + 32 * h, cc = 4 * (u + 4 * v);
+                const float4 d = *reinterpret_cast<const float4 *>((const float *)stage + r * L::LD + cc),
+                             o = *reinterpret_cast<const float4 *>(old + (64 * c + r) * BN + cc);
+                nv[h][v] = make_float4(o.x + d.x, o.y + d.y, o.z + d.z, o.w + d.w);
             }
-        }
-        if constexpr (COPY) {  // a thread a row: the sum of its BN new values, then M2 about their mean
-            named_barrier(1 + c, 128);
-            if (t < 64 && mr0 + t < M) {
-                const float *v = (const float *)stage + t * L::LD;
-                float4 q[CPR];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = q + 32 * h, row = mr0 + r;
+            if (row < M)
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    *reinterpret_cast<float4 *>(y + (size_t)row * a.ldy + n0 + 4 * (u + 4 * v)) = nv[h][v];
+            if constexpr (COPY) {
+                // The copy gamma (y - c), and the row's sum and M2 about its mean over these BN columns.
+                const float cr = vec_c[64 * c + r];
                 float sum = 0.f;
 #pragma unroll
-                for (int i = 0; i < CPR; i++) {
-                    q[i] = *reinterpret_cast<const float4 *>(v + 4 * i);
-                    sum += (q[i].x + q[i].y) + (q[i].z + q[i].w);
+                for (int v = 0; v < V; v++) {
+                    const float4 x = nv[h][v], g = *reinterpret_cast<const float4 *>(vec_g + 4 * (u + 4 * v));
+                    sum += (x.x + x.y) + (x.z + x.w);
+                    const __nv_bfloat162 lo = __floats2bfloat162_rn(g.x * (x.x - cr), g.y * (x.y - cr)),
+                                         hi = __floats2bfloat162_rn(g.z * (x.z - cr), g.w * (x.w - cr));
+                    const uint2 pk = {*reinterpret_cast<const uint32_t *>(&lo),
+                                      *reinterpret_cast<const uint32_t *>(&hi)};
+                    if (row < M) *reinterpret_cast<uint2 *>(a.copy + (size_t)row * N + n0 + 4 * (u + 4 * v)) = pk;
                 }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 const float mean = sum / BN;
                 float m2 = 0.f;
 #pragma unroll
-                for (int i = 0; i < CPR; i++) {
-                    const float d0 = q[i].x - mean, d1 = q[i].y - mean, d2 = q[i].z - mean, d3 = q[i].w - mean;
+                for (int v = 0; v < V; v++) {
+                    const float4 x = nv[h][v];
+                    const float d0 = x.x - mean, d1 = x.y - mean, d2 = x.z - mean, d3 = x.w - mean;
                     m2 += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
                 }
-                reinterpret_cast<float2 *>(a.parts)[(size_t)(mr0 + t) * (N / BN) + n0 / BN] = make_float2(sum, m2);
+                m2 += __shfl_xor_sync(0xffffffffu, m2, 1);
+                m2 += __shfl_xor_sync(0xffffffffu, m2, 2);
+                if (u == 0 && row < M)
+                    reinterpret_cast<float2 *>(a.parts)[(size_t)row * (N / BN) + n0 / BN] = make_float2(sum, m2);
             }
         }
     } else {
@@ -337,46 +393,58 @@ bool tensor_map_f32(CUtensorMap *map, const void *p, int rows, int N, long long 
 }
 
 // The kernel's shared memory allowed (per instantiation, once).
-template <int BN, int STAGES, int EPI, bool FOLD, bool COPY> cudaError_t allow() {
+template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY> cudaError_t allow() {
     static bool done;
     if (done) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(tiles_kernel<BN, STAGES, EPI, FOLD, COPY>,
+    const cudaError_t e = cudaFuncSetAttribute(tiles_kernel<BN, KS, STAGES, EPI, FOLD, COPY>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)Layout<BN, STAGES, EPI>::SMEM);
+                                               (int)Layout<BN, KS, STAGES, EPI>::SMEM);
     done = e == cudaSuccess;
     return e;
 }
 
+// How many of its blocks the device holds at once: whole clusters of KS in one GPC each.
+template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY> int resident_blocks() {
+    static int blocks = -1;
+    if (blocks < 0)
+        blocks = allow<BN, KS, STAGES, EPI, FOLD, COPY>() != cudaSuccess ? 0
+                 : KS == 1 ? device_attr<cudaDevAttrMultiProcessorCount>(0)
+                           : KS * max_active_clusters((const void *)tiles_kernel<BN, KS, STAGES, EPI, FOLD, COPY>, KS,
+                                                      THREADS, Layout<BN, KS, STAGES, EPI>::SMEM);
+    return blocks;
+}
+
 // x: the bf16 rows multiplied (the fold's copy).
-template <int BN, int STAGES, int EPI, bool FOLD, bool COPY>
+template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY>
 cudaError_t launch(const Args &a, const void *x, const void *W, cudaStream_t stream) {
-    typedef Layout<BN, STAGES, EPI> L;
+    typedef Layout<BN, KS, STAGES, EPI> L;
     const int tail = a.M % BM ? a.M % BM : BM;  // the last row tile's rows
     CUtensorMap x_map, x_tail_map, w_map, old_map = {}, old_tail_map = {};
     if (!tensor_map(&x_map, x, a.M, a.K, a.K, BM) || !tensor_map(&x_tail_map, x, a.M, a.K, a.K, tail) ||
-        !tensor_map(&w_map, W, a.N, a.K, a.K, BN) ||
+        !tensor_map(&w_map, W, a.N, a.K, a.K, KS * BN) ||
         (L::RESID && (!tensor_map_f32(&old_map, a.y, a.M, a.N, a.ldy, BN, BM) ||
                       !tensor_map_f32(&old_tail_map, a.y, a.M, a.N, a.ldy, BN, tail))))
         return cudaErrorInvalidValue;
-    const cudaError_t e = allow<BN, STAGES, EPI, FOLD, COPY>();
+    const cudaError_t e = allow<BN, KS, STAGES, EPI, FOLD, COPY>();
     if (e != cudaSuccess) return e;
     const int tiles = (a.M + BM - 1) / BM * (a.N / BN);
-    return launch_pdl(tiles_kernel<BN, STAGES, EPI, FOLD, COPY>, dim3(tiles), dim3(THREADS), L::SMEM, stream, x_map,
-                      x_tail_map, w_map, old_map, old_tail_map, a);
+    return launch_pdl_cluster(tiles_kernel<BN, KS, STAGES, EPI, FOLD, COPY>, dim3(tiles), dim3(THREADS), L::SMEM, KS,
+                              stream, x_map, x_tail_map, w_map, old_map, old_tail_map, a);
 }
 
 // GPT-2 124M's four layer products, each with the epilogue GPT-2 gives it, and its tile: 16 column
-// tiles (one wave of 128 blocks at 1024 rows), stages measured at 1024 rows on an H200 (docs/PERF.md,
-// "Session 60").
+// tiles (one wave of 128 blocks at 1024 rows), stages measured at 1024 rows on an H200; the MLP
+// projection's K split over pairs of blocks (6 stages: the most its inbox leaves room for) took it
+// 11.9 to 11.1 us there, the attention projection's (K = 768) 5.0 to 5.9 (docs/PERF.md, "Session 61").
 struct Shape {
-    int N, K, BN, stages;
+    int N, K, BN, ks, stages;
     MatmulLtEpilogue epilogue;
 };
 constexpr Shape kShapes[] = {
-    {2304, 768, 144, 4, MATMUL_LT_BIAS},           // qkv
-    {3072, 768, 192, 4, MATMUL_LT_BIAS_GELU},      // fc
-    {768, 768, 48, 6, MATMUL_LT_BIAS_RESIDUAL},    // attention projection
-    {768, 3072, 48, 8, MATMUL_LT_BIAS_RESIDUAL},   // MLP projection
+    {2304, 768, 144, 1, 4, MATMUL_LT_BIAS},           // qkv
+    {3072, 768, 192, 1, 4, MATMUL_LT_BIAS_GELU},      // fc
+    {768, 768, 48, 1, 6, MATMUL_LT_BIAS_RESIDUAL},    // attention projection
+    {768, 3072, 48, 2, 6, MATMUL_LT_BIAS_RESIDUAL},   // MLP projection
 };
 constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 
@@ -386,17 +454,32 @@ int find_shape(int N, int K) {
     return -1;
 }
 
-// Shape i's kernel: plain, folded (qkv, fc) or with the copy (the projections).
+// A tile's kernels: plain, or folded (BIAS, GELU) or with the copy (RESIDUAL); the blocks of it the
+// device holds at once (the variants differ in code, not in resources).
+template <int I> struct Tiles {
+    static constexpr Shape S = kShapes[I];
+    static constexpr bool R = S.epilogue == MATMUL_LT_BIAS_RESIDUAL;
+    static cudaError_t run(bool fold_or_copy, const Args &a, const void *x, const void *W, cudaStream_t stream) {
+        return fold_or_copy ? launch<S.BN, S.ks, S.stages, S.epilogue, !R, R>(a, x, W, stream)
+                            : launch<S.BN, S.ks, S.stages, S.epilogue, false, false>(a, x, W, stream);
+    }
+    static int resident() { return resident_blocks<S.BN, S.ks, S.stages, S.epilogue, false, false>(); }
+};
+
 cudaError_t run(int i, bool fold_or_copy, const Args &a, const void *x, const void *W, cudaStream_t stream) {
     switch (i) {
-    case 0: return fold_or_copy ? launch<144, 4, MATMUL_LT_BIAS, true, false>(a, x, W, stream)
-                                : launch<144, 4, MATMUL_LT_BIAS, false, false>(a, x, W, stream);
-    case 1: return fold_or_copy ? launch<192, 4, MATMUL_LT_BIAS_GELU, true, false>(a, x, W, stream)
-                                : launch<192, 4, MATMUL_LT_BIAS_GELU, false, false>(a, x, W, stream);
-    case 2: return fold_or_copy ? launch<48, 6, MATMUL_LT_BIAS_RESIDUAL, false, true>(a, x, W, stream)
-                                : launch<48, 6, MATMUL_LT_BIAS_RESIDUAL, false, false>(a, x, W, stream);
-    default: return fold_or_copy ? launch<48, 8, MATMUL_LT_BIAS_RESIDUAL, false, true>(a, x, W, stream)
-                                 : launch<48, 8, MATMUL_LT_BIAS_RESIDUAL, false, false>(a, x, W, stream);
+    case 0: return Tiles<0>::run(fold_or_copy, a, x, W, stream);
+    case 1: return Tiles<1>::run(fold_or_copy, a, x, W, stream);
+    case 2: return Tiles<2>::run(fold_or_copy, a, x, W, stream);
+    default: return Tiles<3>::run(fold_or_copy, a, x, W, stream);
+    }
+}
+int resident(int i) {
+    switch (i) {
+    case 0: return Tiles<0>::resident();
+    case 1: return Tiles<1>::resident();
+    case 2: return Tiles<2>::resident();
+    default: return Tiles<3>::resident();
     }
 }
 
@@ -427,15 +510,16 @@ extern "C" int gemm_tiles_available(void) {
 #endif
 }
 
-// Rows that make 3/4 to one wave of blocks: one tile a block, so its epilogue overlaps nothing but the
-// next kernel's start; past a wave a block runs its tiles one after another and cuBLASLt's persistent
-// kernels win (twice as fast at 8192 rows, docs/PERF.md "Session 60"), below 3/4 of the SMs are idle.
+// Rows that make 3/4 to one wave of blocks (of clusters that fit at once, for a K split): one tile a
+// block, so its epilogue overlaps nothing but the next kernel's start; past a wave a block runs its tiles
+// one after another and cuBLASLt's persistent kernels win (twice as fast at 8192 rows, docs/PERF.md
+// "Session 60"), below 3/4 of the SMs are idle.
 extern "C" int gemm_tiles_takes(int M, int N, int K) {
     const int i = find_shape(N, K);
     if (!gemm_tiles_available() || i < 0 || M <= 0 || M > GEMM_TILES_MAX_ROWS) return 0;
     const long long tiles = (long long)(M + BM - 1) / BM * (N / kShapes[i].BN);
     const long long sms = device_attr<cudaDevAttrMultiProcessorCount>(0);
-    return tiles <= sms && 4 * tiles >= 3 * sms;
+    return tiles <= resident(i) && 4 * tiles >= 3 * sms;
 }
 
 extern "C" int gemm_tiles_parts(int N) {

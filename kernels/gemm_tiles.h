@@ -3,7 +3,9 @@
 // joins the prompt's chain of programmatically dependent launches (kernels/pdl.cuh), which cuBLASLt's
 // kernels cannot, with the LayerNorms folded in, so that no LayerNorm kernel runs between layers:
 //   - a block owns a 128-row x BN-column tile of y (BN 144 for qkv, 192 for fc, 48 for the
-//     projections: 16 column tiles, 128 blocks at 1024 rows) and all of K;
+//     projections: 16 column tiles, 128 blocks at 1024 rows) and all of K; the MLP projection's K
+//     (3072) is split over a cluster of two blocks that multiply a 128 x 96 tile over half of K each
+//     and exchange partial sums, so that each reads x for half of K;
 //   - one producer thread streams 64-wide K slices of W (its first stages before the PDL wait: they
 //     are weights) and x (after it) into a ring of shared-memory stages by TMA; two consumer
 //     warpgroups multiply them on wgmma, 64 rows each;
