@@ -44,7 +44,7 @@ int gemm_tiles_available(void);
 
 // 1 when gemm_tiles runs this product and should: N x K one of GPT-2 124M's layer products (2304 x
 // 768, 768 x 768, 3072 x 768, 768 x 3072), M rows making 3/4 to one wave of blocks on this device
-// (769-1024 rows on an H100 SXM or H200).
+// (769-1024 rows on an H100 SXM or H200), for the MLP projection one wave of the pairs that fit at once.
 int gemm_tiles_takes(int M, int N, int K);
 
 // The parts a row's statistics come in from a residual product of N columns (gemm_tiles_residual_copy),
