@@ -253,18 +253,21 @@ __global__ void __launch_bounds__(THREADS, 1)
         cluster_wait();  // the other block has started: its inbox barrier is initialised
         const int ct = tid - 128;
         const uint32_t to = cluster_map(inbox, rank ^ 1), bar = cluster_map(inbox_bar, rank ^ 1);
-        // part[j][e] of columns half h (selects, not an indexed register array, which would spill)
-        auto half = [&](int j, int e, bool h) { return h ? part[j + BN / 8][e] : part[j][e]; };
+        // part[j][e] of the upper (hi) or lower half of the columns (selects, not an indexed register
+        // array, which would spill)
+        auto partial = [&](int j, int e, bool hi) { return hi ? part[j + BN / 8][e] : part[j][e]; };
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
             st_async(to + (uint32_t)(j * 256 + ct) * 16,
-                     make_float4(half(j, 0, !rank), half(j, 1, !rank), half(j, 2, !rank), half(j, 3, !rank)), bar);
+                     make_float4(partial(j, 0, !rank), partial(j, 1, !rank), partial(j, 2, !rank),
+                                 partial(j, 3, !rank)),
+                     bar);
         mbar_wait_cluster(inbox_bar, 0);
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
             const float4 q = inbox[j * 256 + ct];
-            acc[j][0] = half(j, 0, rank) + q.x, acc[j][1] = half(j, 1, rank) + q.y;
-            acc[j][2] = half(j, 2, rank) + q.z, acc[j][3] = half(j, 3, rank) + q.w;
+            acc[j][0] = partial(j, 0, rank) + q.x, acc[j][1] = partial(j, 1, rank) + q.y;
+            acc[j][2] = partial(j, 2, rank) + q.z, acc[j][3] = partial(j, 3, rank) + q.w;
         }
     }
     named_barrier(3, 256);    // both warpgroups' MMAs are done with the ring: it becomes the staging

@@ -87,7 +87,8 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
 
 // d (64 x N fp32; this thread's N / 8 m16n8 tiles, laid out as above) += A (64 x 16 bf16) * B
 // (16 x N bf16), A and B K-major tiles under the 128-byte swizzle at their descriptors. Only the
-// widths the few-row products and the many-row tiles (gemm_tiles.cu: 48, 96, 144, 192) use are instantiated.
+// widths the few-row products and the many-row tiles (gemm_tiles.cu: 48, 96, 144, 192) use are
+// instantiated.
 template <int N> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc);
 
 #define WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
