@@ -182,16 +182,18 @@ __global__ void __launch_bounds__(THREADS, 1)
             mbar_arrive(epi_bar);
         } else if (FOLD && tid >= 64) {
             pdl_wait();  // the parts come from the residual product before
-            // Rows tid - 64 and tid: every load of both issued before the first use, one round trip.
-            const float cnt = (float)K / a.nparts;
+            // Rows tid - 64 and tid: every load of both (parts and shifts) issued before the first use, one
+            // round trip. A row past M reads row M - 1's (its results are not used).
+            const float cnt = (float)K / a.nparts, inv_cnt = 1.f / cnt, inv_k = 1.f / K;
             float2 v[2][GEMM_TILES_MAX_PARTS];
+            float c[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = m0 + tid - 64 + 64 * h;
+                const int row = min(m0 + tid - 64 + 64 * h, M - 1);
                 const float2 *p = reinterpret_cast<const float2 *>(a.parts_in) + (size_t)row * a.nparts;
 #pragma unroll
-                for (int j = 0; j < GEMM_TILES_MAX_PARTS; j++)
-                    v[h][j] = row < M && j < a.nparts ? p[j] : make_float2(0.f, 0.f);
+                for (int j = 0; j < GEMM_TILES_MAX_PARTS; j++) v[h][j] = j < a.nparts ? p[j] : make_float2(0.f, 0.f);
+                c[h] = a.shift ? a.shift[row] : 0.f;
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -199,16 +201,19 @@ __global__ void __launch_bounds__(THREADS, 1)
                 float sum = 0.f;
 #pragma unroll
                 for (int j = 0; j < GEMM_TILES_MAX_PARTS; j++) sum += v[h][j].x;
-                const float mean = sum / K;
-                float m2 = 0.f;  // Chan: the parts' M2 and their means' spread
+                const float mean = sum * inv_k;
+                // Chan: the parts' M2 and their means' spread, cnt (sum_j / cnt - mean)^2 as (sum_j - cnt mean)^2
+                // / cnt. No division: their slow path (taken for zero sums, as the rows past M had) made the last
+                // row tile's statistics 2-4 us late (docs/PERF.md, "Session 62").
+                float m2 = 0.f;
 #pragma unroll
                 for (int j = 0; j < GEMM_TILES_MAX_PARTS; j++) {
-                    const float d = v[h][j].x / cnt - mean;
-                    if (j < a.nparts) m2 += v[h][j].y + cnt * d * d;
+                    const float d = fmaf(-cnt, mean, v[h][j].x);
+                    if (j < a.nparts) m2 += fmaf(d * d, inv_cnt, v[h][j].y);
                 }
-                const float rstd = rsqrtf(m2 / K + 1e-5f), c = a.shift && row < M ? a.shift[row] : 0.f;
+                const float rstd = rsqrtf(m2 * inv_k + 1e-5f);
                 row_a[r] = rstd;
-                row_b[r] = (mean - c) * rstd;
+                row_b[r] = (mean - c[h]) * rstd;
                 if (a.mean_out && n0 == 0 && row < M) a.mean_out[row] = mean;
             }
             mbar_arrive(epi_bar);
