@@ -1,7 +1,8 @@
 // Products of a prompt's many rows on Hopper (gemm_tiles.h): a block a 128 x BN tile of y over all of K
-// (or a pair of blocks a 128 x 2 BN tile, each over half of K: KS = 2), one producer thread streaming K
-// slices of W and x by TMA into a ring of stages, two wgmma consumer warpgroups of 64 rows each, the
-// epilogue staged through shared memory.
+// (or a pair of blocks, each over half of K: KS = 2, a 128 x 2 BN tile whose columns the two finish
+// half each, or a 128 x BN tile whose rows they finish half each: BY_ROWS), one producer thread
+// streaming K slices of W and x by TMA into a ring of stages, two wgmma consumer warpgroups of 64 rows
+// each, the epilogue staged through shared memory.
 //
 // A block's 384 threads:
 //   warp 0, thread 0   the producer: W's first STAGES slices before the PDL wait (weights), x's after
@@ -13,10 +14,11 @@
 // The producer warpgroup gives its registers to the consumers (setmaxnreg).
 //
 // Shared memory, 1024-byte aligned (the 128-byte swizzle's period):
-//   ring     STAGES x (x's 128 rows + W's KS BN rows) x 64 k, bf16 under the swizzle; once every MMA
+//   ring     STAGES x (x's 128 rows + W's WN rows) x 64 k, bf16 under the swizzle; once every MMA
 //            is done, the epilogue's staging (each warpgroup's 64 x BN values, padded rows)
-//   old      RESIDUAL: y's old fp32 tile [128][BN], by TMA during the K loop
-//   inbox    KS = 2: the other block's partial sums of this block's BN columns
+//   old      RESIDUAL: y's old fp32 tile [128][BN] (BY_ROWS: the block's 64 rows of it), by TMA during the
+//            K loop
+//   inbox    KS = 2: the other block's partial sums of this block's BN columns (BY_ROWS: of its 64 rows)
 //   vectors  bias, s, gamma [BN] fp32; the copy's shifts [128]
 //   tail     the barriers; FOLD: the rows' rstd and (mean - c) rstd
 #include <stdint.h>
@@ -56,6 +58,9 @@ __device__ __forceinline__ void regs_consumer() { SETMAXNREG_ASM("setmaxnreg.inc
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 struct Args {
     void *y;
@@ -74,22 +79,26 @@ struct Args {
     int M, N, K;
 };
 
-// BN: a block's output columns; KS: the blocks of a cluster that split K, each multiplying KS BN
-// columns of W over its 1/KS of K (see the kernel).
-template <int BN, int KS, int STAGES, int EPI> struct Layout {
+// BN: a block's output columns; KS: the blocks of a cluster that split K, each multiplying WN columns of
+// W over its 1/KS of K: KS BN, or BN where they split the finish BY_ROWS (see the kernel).
+template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI> struct Layout {
     static constexpr bool RESID = EPI == MATMUL_LT_BIAS_RESIDUAL;
-    static constexpr int STAGE = (BM + KS * BN) * BK * 2;
+    static constexpr int WN = BY_ROWS ? BN : KS * BN;
+    static constexpr int STAGE = (BM + WN) * BK * 2;
     // staged rows: fp32 4 floats past a multiple of 32, bf16 8 past (the accumulators' writes and the
     // rows' 16-byte reads spread over the banks)
     static constexpr int LD = RESID ? BN + 4 : BN + 8, ESZ = RESID ? 4 : 2, EPI_BYTES = 64 * LD * ESZ;
     static constexpr size_t RING = STAGES * STAGE > 2 * EPI_BYTES ? (size_t)STAGES * STAGE : 2 * EPI_BYTES;
     static constexpr size_t OLD = RESID ? (size_t)BM * BN * 4 : 0;
-    static constexpr size_t INBOX = KS > 1 ? (size_t)256 * BN / 8 * 16 : 0;  // a consumer thread's BN / 8 float4
+    // a sending thread's BN / 8 float4: every consumer thread's, or BY_ROWS one warpgroup's
+    static constexpr size_t INBOX = KS > 1 ? (size_t)(BY_ROWS ? 128 : 256) * BN / 8 * 16 : 0;
     static constexpr size_t VEC = (3 * BN + BM) * 4;
     static constexpr size_t TAIL = 256 + 2 * BM * 4;
     static constexpr size_t SMEM = 1024 + RING + OLD + INBOX + VEC + TAIL;
     static_assert(RING % 1024 == 0 && OLD % 128 == 0 && INBOX % 16 == 0 && VEC % 8 == 0, "alignment");
     static_assert((2 * STAGES + 3) * 8 <= 256, "barriers");
+    static_assert(SMEM <= 227 * 1024, "shared memory");
+    static_assert(KS == 1 || KS == 2, "a block or a pair");
 };
 
 // y's tile (m0, n0) of BN columns; FOLD: LayerNorm folded (MATMUL_LT_BIAS or _GELU); COPY: the
@@ -97,16 +106,18 @@ template <int BN, int KS, int STAGES, int EPI> struct Layout {
 // KS = 2: K split over a cluster of two blocks, which multiply the same 128 x 2 BN tile over one half
 // of K each, then exchange halves of their partial sums (st_async into the other's inbox), so that
 // each finishes BN columns: against a whole-K 128 x BN tile a block reads x for half of K, not all of
-// it (the MLP projection's x is 3/4 of what its blocks read from L2).
-template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY>
+// it (the MLP projection's x is 3/4 of what its blocks read from L2). BY_ROWS: the pair multiplies a
+// 128 x BN tile, and the block of rank r finishes its rows 64 r.. (its warpgroup r's): twice the blocks
+// of a whole-K tile, for prompts whose row tiles are too few to fill the device.
+template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI, bool FOLD, bool COPY>
 __global__ void __launch_bounds__(THREADS, 1)
     tiles_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap x_tail_map,
                  const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap old_map,
                  const __grid_constant__ CUtensorMap old_tail_map, Args a) {
     TRACE_KERNEL_EXIT;  // kernels/kernel_trace.cuh: the exit stamp of TRACE=1 builds
-    typedef Layout<BN, KS, STAGES, EPI> L;
+    typedef Layout<BN, KS, BY_ROWS, STAGES, EPI> L;
     constexpr bool RESID = L::RESID;
-    constexpr int WN = KS * BN;  // W's rows a block multiplies
+    constexpr int WN = L::WN;  // W's rows a block multiplies
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     float *old = reinterpret_cast<float *>(smem + L::RING);
@@ -119,10 +130,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     float *row_a = reinterpret_cast<float *>(tail + 256), *row_b = row_a + BM;
 
     // A cluster's blocks are consecutive: rank r takes K slices [r k_steps, (r + 1) k_steps) of W's
-    // rows [nw, nw + WN) and finishes y's columns [n0, n0 + BN).
+    // rows [nw, nw + WN) and finishes y's columns [n0, n0 + BN) (BY_ROWS: of the tile's rows 64 r..).
     const int M = a.M, N = a.N, K = a.K, k_steps = K / BK / KS, rank = blockIdx.x % KS, k0 = rank * k_steps * BK;
     const int m_tiles = (M + BM - 1) / BM, m0 = blockIdx.x / KS % m_tiles * BM, nw = blockIdx.x / KS / m_tiles * WN,
-              n0 = nw + rank * BN;
+              n0 = BY_ROWS ? nw : nw + rank * BN;
     const int tid = threadIdx.x;
     pdl_launch_dependents();  // kernels/pdl.cuh: the next grid may be scheduled (it waits for this one)
     if (tid == 0) {
@@ -148,7 +159,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             // tensor's end took the MLP projection 18.1 us at 900 rows against 11.2 at 896 (docs/PERF.md,
             // "Session 60"). The stage's rows past them keep stale values, whose output rows are not stored.
             const int rows = min(BM, M - m0);
-            const CUtensorMap *xm = rows < BM ? &x_tail_map : &x_map, *om = rows < BM ? &old_tail_map : &old_map;
+            const CUtensorMap *xm = rows < BM ? &x_tail_map : &x_map;
             const uint32_t stage_bytes = (WN + rows) * BK * 2;
             tma_prefetch_map(xm), tma_prefetch_map(&w_map);
             const int ahead = min(k_steps, STAGES);
@@ -158,9 +169,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
             pdl_wait();  // x (and y's old rows) come from the kernels before
             for (int k = 0; k < ahead; k++) tma_load(xt(k), xm, k0 + k * BK, m0, &full[k]);
-            if (RESID) {
-                mbar_arrive_expect_tx(old_bar, rows * BN * 4);
-                tma_load(old, om, n0, m0, old_bar);
+            if (RESID) {  // the rows this block finishes (BY_ROWS: maybe none, past M)
+                constexpr int OM = BY_ROWS ? 64 : BM;
+                const int o0 = BY_ROWS ? 64 * rank : 0, orows = max(0, min(OM, M - m0 - o0));
+                mbar_arrive_expect_tx(old_bar, orows * BN * 4);
+                if (orows > 0) tma_load(old + o0 * BN, orows < OM ? &old_tail_map : &old_map, n0, m0 + o0, old_bar);
             }
             for (int k = ahead; k < k_steps; k++) {
                 const int s = k % STAGES;
@@ -251,10 +264,29 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][e] = part[j][e];
+    } else if constexpr (BY_ROWS) {
+        // Warpgroup c holds rows 64 c.. of both blocks' partial sums: the block of rank c finishes them,
+        // the other warpgroup sends its sums there (fragment order, as below) and is done.
+        if (c != rank) {
+            cluster_wait();  // the other block has started: its inbox barrier is initialised
+            const uint32_t to = cluster_map(inbox, rank ^ 1), bar = cluster_map(inbox_bar, rank ^ 1);
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+                st_async(to + (uint32_t)(j * 128 + t) * 16, make_float4(part[j][0], part[j][1], part[j][2], part[j][3]),
+                         bar);
+            named_barrier_arrive(3, 256);  // done with the ring
+            return;
+        }
+        mbar_wait_cluster(inbox_bar, 0);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const float4 q = inbox[j * 128 + t];
+            acc[j][0] = part[j][0] + q.x, acc[j][1] = part[j][1] + q.y;
+            acc[j][2] = part[j][2] + q.z, acc[j][3] = part[j][3] + q.w;
+        }
     } else {
         // The other block's columns of this thread's partial sums to its inbox, in fragment order (a
         // thread's float4s 16 bytes apart, without conflicts), then its sums of this block's columns in.
-        static_assert(KS == 2, "a pair");
         cluster_wait();  // the other block has started: its inbox barrier is initialised
         const int ct = tid - 128;
         const uint32_t to = cluster_map(inbox, rank ^ 1), bar = cluster_map(inbox_bar, rank ^ 1);
@@ -401,66 +433,83 @@ bool tensor_map_f32(CUtensorMap *map, const void *p, int rows, int N, long long 
 }
 
 // The kernel's shared memory allowed (per instantiation, once).
-template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY> cudaError_t allow() {
+template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI, bool FOLD, bool COPY> cudaError_t allow() {
     static bool done;
     if (done) return cudaSuccess;
-    const cudaError_t e = cudaFuncSetAttribute(tiles_kernel<BN, KS, STAGES, EPI, FOLD, COPY>,
+    const cudaError_t e = cudaFuncSetAttribute(tiles_kernel<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)Layout<BN, KS, STAGES, EPI>::SMEM);
+                                               (int)Layout<BN, KS, BY_ROWS, STAGES, EPI>::SMEM);
     done = e == cudaSuccess;
     return e;
 }
 
 // How many of its blocks the device holds at once: whole clusters of KS in one GPC each.
-template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY> int resident_blocks() {
+template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI, bool FOLD, bool COPY> int resident_blocks() {
     static int blocks = -1;
+    const void *kernel = (const void *)tiles_kernel<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>;
     if (blocks < 0)
-        blocks = allow<BN, KS, STAGES, EPI, FOLD, COPY>() != cudaSuccess ? 0
+        blocks = allow<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>() != cudaSuccess ? 0
                  : KS == 1 ? device_attr<cudaDevAttrMultiProcessorCount>(0)
-                           : KS * max_active_clusters((const void *)tiles_kernel<BN, KS, STAGES, EPI, FOLD, COPY>, KS,
-                                                      THREADS, Layout<BN, KS, STAGES, EPI>::SMEM);
+                           : KS * max_active_clusters(kernel, KS, THREADS, Layout<BN, KS, BY_ROWS, STAGES, EPI>::SMEM);
     return blocks;
 }
 
 // x: the bf16 rows multiplied (the fold's copy).
-template <int BN, int KS, int STAGES, int EPI, bool FOLD, bool COPY>
+template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI, bool FOLD, bool COPY>
 cudaError_t launch(const Args &a, const void *x, const void *W, cudaStream_t stream) {
-    typedef Layout<BN, KS, STAGES, EPI> L;
+    typedef Layout<BN, KS, BY_ROWS, STAGES, EPI> L;
     const int tail = a.M % BM ? a.M % BM : BM;  // the last row tile's rows
+    // the residual's old rows a block finishes: 128, or BY_ROWS 64 (the last tile's part of them)
+    const int old_rows = BY_ROWS ? 64 : BM, old_tail = BY_ROWS ? (tail % 64 ? tail % 64 : 64) : tail;
     CUtensorMap x_map, x_tail_map, w_map, old_map = {}, old_tail_map = {};
     if (!tensor_map(&x_map, x, a.M, a.K, a.K, BM) || !tensor_map(&x_tail_map, x, a.M, a.K, a.K, tail) ||
-        !tensor_map(&w_map, W, a.N, a.K, a.K, KS * BN) ||
-        (L::RESID && (!tensor_map_f32(&old_map, a.y, a.M, a.N, a.ldy, BN, BM) ||
-                      !tensor_map_f32(&old_tail_map, a.y, a.M, a.N, a.ldy, BN, tail))))
+        !tensor_map(&w_map, W, a.N, a.K, a.K, L::WN) ||
+        (L::RESID && (!tensor_map_f32(&old_map, a.y, a.M, a.N, a.ldy, BN, old_rows) ||
+                      !tensor_map_f32(&old_tail_map, a.y, a.M, a.N, a.ldy, BN, old_tail))))
         return cudaErrorInvalidValue;
-    const cudaError_t e = allow<BN, KS, STAGES, EPI, FOLD, COPY>();
+    const cudaError_t e = allow<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>();
     if (e != cudaSuccess) return e;
-    const int tiles = (a.M + BM - 1) / BM * (a.N / BN);
-    return launch_pdl_cluster(tiles_kernel<BN, KS, STAGES, EPI, FOLD, COPY>, dim3(tiles), dim3(THREADS), L::SMEM, KS,
-                              stream, x_map, x_tail_map, w_map, old_map, old_tail_map, a);
+    const int blocks = (a.M + BM - 1) / BM * (a.N / BN) * (BY_ROWS ? 2 : 1);
+    return launch_pdl_cluster(tiles_kernel<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>, dim3(blocks), dim3(THREADS),
+                              L::SMEM, KS, stream, x_map, x_tail_map, w_map, old_map, old_tail_map, a);
 }
 
-// GPT-2 124M's four layer products, each with the epilogue GPT-2 gives it, and its tile: 16 column
-// tiles (one wave of 128 blocks at 1024 rows), stages measured at 1024 rows on an H200; the MLP
-// projection's K split over pairs of blocks (6 stages: the most its inbox leaves room for) took it
-// 11.9 to 11.1 us there, the attention projection's (K = 768) 5.0 to 5.9 (docs/PERF.md, "Session 61").
+// GPT-2 124M's four layer products, each with the epilogue GPT-2 gives it, in two sets of tiles:
+//   - 16 column tiles (one wave of 128 blocks at 1024 rows, 3/5 of one at 513), stages measured at 1024
+//     rows on an H200; the MLP projection's K split over pairs of blocks (6 stages: the most its inbox
+//     leaves room for) took it 11.9 to 11.1 us there, the attention projection's (K = 768) 5.0 to 5.9
+//     (docs/PERF.md, "Session 61");
+//   - 32 blocks a row tile, for 257-512 rows (3-4 row tiles): qkv and fc half as wide, the projections'
+//     K split over pairs that finish half of the rows each (docs/PERF.md, "Session 62"); their stages
+//     about as many as fit, not tuned.
+// A row's statistics come in parts of the residual products' BN columns, the same in both sets.
 struct Shape {
-    int N, K, BN, ks, stages;
+    int N, K, BN, ks;
+    bool by_rows;
+    int stages;
     MatmulLtEpilogue epilogue;
 };
 constexpr Shape kShapes[] = {
-    {2304, 768, 144, 1, 4, MATMUL_LT_BIAS},           // qkv
-    {3072, 768, 192, 1, 4, MATMUL_LT_BIAS_GELU},      // fc
-    {768, 768, 48, 1, 6, MATMUL_LT_BIAS_RESIDUAL},    // attention projection
-    {768, 3072, 48, 2, 6, MATMUL_LT_BIAS_RESIDUAL},   // MLP projection
+    {2304, 768, 72, 1, false, 8, MATMUL_LT_BIAS},          // qkv, 32 blocks a row tile
+    {3072, 768, 96, 1, false, 7, MATMUL_LT_BIAS_GELU},     // fc
+    {768, 768, 48, 2, true, 6, MATMUL_LT_BIAS_RESIDUAL},   // attention projection
+    {768, 3072, 48, 2, true, 7, MATMUL_LT_BIAS_RESIDUAL},  // MLP projection
+    {2304, 768, 144, 1, false, 4, MATMUL_LT_BIAS},         // qkv, 16 blocks a row tile
+    {3072, 768, 192, 1, false, 4, MATMUL_LT_BIAS_GELU},    // fc
+    {768, 768, 48, 1, false, 6, MATMUL_LT_BIAS_RESIDUAL},  // attention projection
+    {768, 3072, 48, 2, false, 6, MATMUL_LT_BIAS_RESIDUAL}, // MLP projection
 };
 constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 
-int find_shape(int N, int K) {
+constexpr bool parts_agree() {  // every residual product of an N splits its rows' statistics alike
     for (int i = 0; i < kShapeCount; i++)
-        if (kShapes[i].N == N && kShapes[i].K == K) return i;
-    return -1;
+        for (int j = 0; j < kShapeCount; j++)
+            if (kShapes[i].epilogue == MATMUL_LT_BIAS_RESIDUAL && kShapes[j].epilogue == MATMUL_LT_BIAS_RESIDUAL &&
+                kShapes[i].N == kShapes[j].N && kShapes[i].BN != kShapes[j].BN)
+                return false;
+    return true;
 }
+static_assert(parts_agree(), "a row's parts must not depend on the rows");
 
 // A tile's kernels: plain, or folded (BIAS, GELU) or with the copy (RESIDUAL); the blocks of it the
 // device holds at once (the variants differ in code, not in resources).
@@ -468,27 +517,38 @@ template <int I> struct Tiles {
     static constexpr Shape S = kShapes[I];
     static constexpr bool R = S.epilogue == MATMUL_LT_BIAS_RESIDUAL;
     static cudaError_t run(bool fold_or_copy, const Args &a, const void *x, const void *W, cudaStream_t stream) {
-        return fold_or_copy ? launch<S.BN, S.ks, S.stages, S.epilogue, !R, R>(a, x, W, stream)
-                            : launch<S.BN, S.ks, S.stages, S.epilogue, false, false>(a, x, W, stream);
+        return fold_or_copy ? launch<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, !R, R>(a, x, W, stream)
+                            : launch<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, false, false>(a, x, W, stream);
     }
-    static int resident() { return resident_blocks<S.BN, S.ks, S.stages, S.epilogue, false, false>(); }
+    static int resident() { return resident_blocks<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, false, false>(); }
 };
 
+template <int I = 0>
 cudaError_t run(int i, bool fold_or_copy, const Args &a, const void *x, const void *W, cudaStream_t stream) {
-    switch (i) {
-    case 0: return Tiles<0>::run(fold_or_copy, a, x, W, stream);
-    case 1: return Tiles<1>::run(fold_or_copy, a, x, W, stream);
-    case 2: return Tiles<2>::run(fold_or_copy, a, x, W, stream);
-    default: return Tiles<3>::run(fold_or_copy, a, x, W, stream);
-    }
+    if constexpr (I + 1 < kShapeCount)
+        if (i != I) return run<I + 1>(i, fold_or_copy, a, x, W, stream);
+    return Tiles<I>::run(fold_or_copy, a, x, W, stream);
 }
-int resident(int i) {
-    switch (i) {
-    case 0: return Tiles<0>::resident();
-    case 1: return Tiles<1>::resident();
-    case 2: return Tiles<2>::resident();
-    default: return Tiles<3>::resident();
-    }
+template <int I = 0> int resident(int i) {
+    if constexpr (I + 1 < kShapeCount)
+        if (i != I) return resident<I + 1>(i);
+    return Tiles<I>::resident();
+}
+
+long long block_count(int i, int M) {
+    return (long long)(M + BM - 1) / BM * (kShapes[i].N / kShapes[i].BN) * (kShapes[i].by_rows ? 2 : 1);
+}
+
+// The tiles for M x N x K: the first set (in kShapes's order) whose blocks the device holds at once, else
+// the last that has the shape; -1 for none.
+int find_shape(int M, int N, int K) {
+    int last = -1;
+    for (int i = 0; i < kShapeCount; i++)
+        if (kShapes[i].N == N && kShapes[i].K == K) {
+            if (block_count(i, M) <= resident(i)) return i;
+            last = i;
+        }
+    return last;
 }
 
 // The checks every entry point shares: cudaErrorInvalidValue for bad arguments, cudaErrorNotSupported
@@ -498,10 +558,11 @@ cudaError_t check(MatmulLtEpilogue epilogue, const void *y, long long ldy, const
     if (M < 0 || N <= 0 || K <= 0 || ldy < N || !y || !x || !W || !bias ||
         (epilogue != MATMUL_LT_BIAS && epilogue != MATMUL_LT_BIAS_GELU && epilogue != MATMUL_LT_BIAS_RESIDUAL))
         return cudaErrorInvalidValue;
-    *shape = find_shape(N, K);
+    if (!gemm_tiles_available() || M > GEMM_TILES_MAX_ROWS) return cudaErrorNotSupported;
+    *shape = find_shape(M, N, K);
     const int vec = epilogue == MATMUL_LT_BIAS_RESIDUAL ? 4 : 8;  // elements in 16 bytes of y
-    if (!gemm_tiles_available() || *shape < 0 || kShapes[*shape].epilogue != epilogue || M > GEMM_TILES_MAX_ROWS ||
-        !aligned16(x) || !aligned16(W) || !aligned16(y) || ldy % vec)
+    if (*shape < 0 || kShapes[*shape].epilogue != epilogue || !aligned16(x) || !aligned16(W) || !aligned16(y) ||
+        ldy % vec)
         return cudaErrorNotSupported;
     return cudaSuccess;
 }
@@ -518,16 +579,19 @@ extern "C" int gemm_tiles_available(void) {
 #endif
 }
 
-// Rows that make 3/4 to one wave of blocks (of clusters that fit at once, for a K split): one tile a
+// Rows that make 3/5 to one wave of blocks (of clusters that fit at once, for a K split): one tile a
 // block, so its epilogue overlaps nothing but the next kernel's start; past a wave a block runs its tiles
 // one after another and cuBLASLt's persistent kernels win (twice as fast at 8192 rows, docs/PERF.md
-// "Session 60"), below 3/4 of the SMs are idle.
+// "Session 60"). Below a wave the prompt still gains the LayerNorm kernels and the PDL'd boundaries: on
+// an H200, 5 and 6 row tiles of the 16-column-tile set (80 and 96 blocks, 513-768 rows) took the first
+// token -20 to -64 us; 4 of them (64 blocks) lost up to 22 us (docs/PERF.md, "Session 62"). The set of
+// 32 blocks a row tile takes 3-4 row tiles (257-512 rows).
 extern "C" int gemm_tiles_takes(int M, int N, int K) {
-    const int i = find_shape(N, K);
-    if (!gemm_tiles_available() || i < 0 || M <= 0 || M > GEMM_TILES_MAX_ROWS) return 0;
-    const long long tiles = (long long)(M + BM - 1) / BM * (N / kShapes[i].BN);
-    const long long sms = device_attr<cudaDevAttrMultiProcessorCount>(0);
-    return tiles <= resident(i) && 4 * tiles >= 3 * sms;
+    if (!gemm_tiles_available() || M <= 0 || M > GEMM_TILES_MAX_ROWS) return 0;
+    const int i = find_shape(M, N, K);
+    if (i < 0) return 0;
+    const long long b = block_count(i, M), sms = device_attr<cudaDevAttrMultiProcessorCount>(0);
+    return b <= resident(i) && 5 * b >= 3 * sms;
 }
 
 extern "C" int gemm_tiles_parts(int N) {

@@ -87,7 +87,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
 
 // d (64 x N fp32; this thread's N / 8 m16n8 tiles, laid out as above) += A (64 x 16 bf16) * B
 // (16 x N bf16), A and B K-major tiles under the 128-byte swizzle at their descriptors. Only the
-// widths the few-row products and the many-row tiles (gemm_tiles.cu: 48, 96, 144, 192) use are
+// widths the few-row products and the many-row tiles (gemm_tiles.cu: 48, 72, 96, 144, 192) use are
 // instantiated.
 template <int N> __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc);
 
@@ -119,6 +119,13 @@ template <> __device__ __forceinline__ void wgmma_ss<48>(float (&d)[6][4], uint6
               "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
               : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4)
+              : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<72>(float (&d)[9][4], uint64_t a_desc, uint64_t b_desc) {
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+              "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 "
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}, %36, %37, p, 1, 1, 0, 0;\n}\n"
+              : WGMMA_D8(0), WGMMA_D8(2), WGMMA_D8(4), WGMMA_D8(6), WGMMA_D4(8)
               : "l"(a_desc), "l"(b_desc), "r"(1));
 }
 template <> __device__ __forceinline__ void wgmma_ss<96>(float (&d)[12][4], uint64_t a_desc, uint64_t b_desc) {
