@@ -58,9 +58,6 @@ __device__ __forceinline__ void regs_consumer() { SETMAXNREG_ASM("setmaxnreg.inc
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 struct Args {
     void *y;
@@ -266,15 +263,17 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int e = 0; e < 4; e++) acc[j][e] = part[j][e];
     } else if constexpr (BY_ROWS) {
         // Warpgroup c holds rows 64 c.. of both blocks' partial sums: the block of rank c finishes them,
-        // the other warpgroup sends its sums there (fragment order, as below) and is done.
+        // the other warpgroup sends its sums there (fragment order, as below) and is done. Both wait on
+        // the cluster barrier, as every consumer does below (under compute-sanitizer's racecheck a
+        // consumer that arrived and never waited held the senders there).
+        cluster_wait();  // the other block has started: its inbox barrier is initialised
         if (c != rank) {
-            cluster_wait();  // the other block has started: its inbox barrier is initialised
             const uint32_t to = cluster_map(inbox, rank ^ 1), bar = cluster_map(inbox_bar, rank ^ 1);
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
                 st_async(to + (uint32_t)(j * 128 + t) * 16, make_float4(part[j][0], part[j][1], part[j][2], part[j][3]),
                          bar);
-            named_barrier_arrive(3, 256);  // done with the ring
+            named_barrier(3, 256);  // done with the ring (the other warpgroup's staging)
             return;
         }
         mbar_wait_cluster(inbox_bar, 0);
