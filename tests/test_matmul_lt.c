@@ -569,18 +569,19 @@ typedef struct {
 } Product;
 
 // Each of GPT-2 124M's four products (test_rows's first four) with the epilogue it runs, at rows that
-// fill 3, 4, 5, 7 and 8 row tiles (the last partly past M at 300, 513, 769 and 1000; at 300 and 512 the
-// set of 32 blocks a row tile), large magnitudes at odd row counts, padded y rows once, a graph replay;
-// then what it refuses and which rows it takes.
+// fill 3, 4, 5, 7 and 8 row tiles (the last partly past M at 300, 480, 513, 769 and 1000; at 300, 480
+// and 512 the set of 32 blocks a row tile, whose pairs finish 64 rows each: at 300 the second block's
+// rows all past M, at 480 some), large magnitudes at odd row counts, padded y rows once, a graph
+// replay; then what it refuses and which rows it takes.
 static void test_tiles(void) {
     static const Product shapes[] = {
         {MATMUL_LT_BIAS, 2304, 768}, {MATMUL_LT_BIAS_RESIDUAL, 768, 768},
         {MATMUL_LT_BIAS_GELU, 3072, 768}, {MATMUL_LT_BIAS_RESIDUAL, 768, 3072},
     };
-    const int Ms[] = {769, 1000, 1024, 513, 300, 512};
+    const int Ms[] = {769, 1000, 1024, 513, 300, 512, 480};
     use_tiles = 1;
     for (size_t si = 0; si < 4; si++)
-        for (int mi = 0; mi < 6; mi++) {
+        for (int mi = 0; mi < 7; mi++) {
             if (small && mi != 1 && mi != 4) continue;
             const int pad = si == 0 && mi == 2 ? 8 : 0;
             Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, pad};
