@@ -453,9 +453,9 @@ template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI, bool FOLD, bool COP
     return blocks;
 }
 
-// x: the bf16 rows multiplied (the fold's copy).
+// x: the bf16 rows multiplied (the fold's copy); blocks: block_count's.
 template <int BN, int KS, bool BY_ROWS, int STAGES, int EPI, bool FOLD, bool COPY>
-cudaError_t launch(const Args &a, const void *x, const void *W, cudaStream_t stream) {
+cudaError_t launch(const Args &a, const void *x, const void *W, long long blocks, cudaStream_t stream) {
     typedef Layout<BN, KS, BY_ROWS, STAGES, EPI> L;
     const int tail = a.M % BM ? a.M % BM : BM;  // the last row tile's rows
     // the residual's old rows a block finishes: 128, or BY_ROWS 64 (the last tile's part of them)
@@ -468,9 +468,8 @@ cudaError_t launch(const Args &a, const void *x, const void *W, cudaStream_t str
         return cudaErrorInvalidValue;
     const cudaError_t e = allow<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>();
     if (e != cudaSuccess) return e;
-    const int blocks = (a.M + BM - 1) / BM * (a.N / BN) * (BY_ROWS ? 2 : 1);
-    return launch_pdl_cluster(tiles_kernel<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>, dim3(blocks), dim3(THREADS),
-                              L::SMEM, KS, stream, x_map, x_tail_map, w_map, old_map, old_tail_map, a);
+    return launch_pdl_cluster(tiles_kernel<BN, KS, BY_ROWS, STAGES, EPI, FOLD, COPY>, dim3((unsigned)blocks),
+                              dim3(THREADS), L::SMEM, KS, stream, x_map, x_tail_map, w_map, old_map, old_tail_map, a);
 }
 
 // GPT-2 124M's four layer products, each with the epilogue GPT-2 gives it, in two sets of tiles:
@@ -500,6 +499,11 @@ constexpr Shape kShapes[] = {
 };
 constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
 
+// The blocks of shape i's grid at M rows: one a tile, two a BY_ROWS tile.
+long long block_count(int i, int M) {
+    return (long long)(M + BM - 1) / BM * (kShapes[i].N / kShapes[i].BN) * (kShapes[i].by_rows ? 2 : 1);
+}
+
 constexpr bool parts_agree() {  // every residual product of an N splits its rows' statistics alike
     for (int i = 0; i < kShapeCount; i++)
         for (int j = 0; j < kShapeCount; j++)
@@ -516,8 +520,9 @@ template <int I> struct Tiles {
     static constexpr Shape S = kShapes[I];
     static constexpr bool R = S.epilogue == MATMUL_LT_BIAS_RESIDUAL;
     static cudaError_t run(bool fold_or_copy, const Args &a, const void *x, const void *W, cudaStream_t stream) {
-        return fold_or_copy ? launch<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, !R, R>(a, x, W, stream)
-                            : launch<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, false, false>(a, x, W, stream);
+        const long long n = block_count(I, a.M);
+        return fold_or_copy ? launch<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, !R, R>(a, x, W, n, stream)
+                            : launch<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, false, false>(a, x, W, n, stream);
     }
     static int resident() { return resident_blocks<S.BN, S.ks, S.by_rows, S.stages, S.epilogue, false, false>(); }
 };
@@ -532,10 +537,6 @@ template <int I = 0> int resident(int i) {
     if constexpr (I + 1 < kShapeCount)
         if (i != I) return resident<I + 1>(i);
     return Tiles<I>::resident();
-}
-
-long long block_count(int i, int M) {
-    return (long long)(M + BM - 1) / BM * (kShapes[i].N / kShapes[i].BN) * (kShapes[i].by_rows ? 2 : 1);
 }
 
 // The tiles for M x N x K: the first set (in kShapes's order) whose blocks the device holds at once, else
