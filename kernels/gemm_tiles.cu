@@ -479,7 +479,9 @@ cudaError_t launch(const Args &a, const void *x, const void *W, long long blocks
 //     (docs/PERF.md, "Session 61");
 //   - 32 blocks a row tile, for 257-512 rows (3-4 row tiles): qkv and fc half as wide, the projections'
 //     K split over pairs that finish half of the rows each (docs/PERF.md, "Session 62"); their stages
-//     about as many as fit, not tuned.
+//     about as many as fit, not tuned;
+//   - for 129-256 rows (2 row tiles) qkv and fc 48 wide (48 and 64 blocks a row tile), the projections
+//     the 32-block set's (docs/PERF.md, "Session 63").
 // A row's statistics come in parts of the residual products' BN columns, the same in both sets.
 struct Shape {
     int N, K, BN, ks;
@@ -488,6 +490,8 @@ struct Shape {
     MatmulLtEpilogue epilogue;
 };
 constexpr Shape kShapes[] = {
+    {2304, 768, 48, 1, false, 8, MATMUL_LT_BIAS},          // qkv, 48 blocks a row tile
+    {3072, 768, 48, 1, false, 8, MATMUL_LT_BIAS_GELU},     // fc, 64
     {2304, 768, 72, 1, false, 8, MATMUL_LT_BIAS},          // qkv, 32 blocks a row tile
     {3072, 768, 96, 1, false, 7, MATMUL_LT_BIAS_GELU},     // fc
     {768, 768, 48, 2, true, 6, MATMUL_LT_BIAS_RESIDUAL},   // attention projection
@@ -579,19 +583,21 @@ extern "C" int gemm_tiles_available(void) {
 #endif
 }
 
-// Rows that make 3/5 to one wave of blocks (of clusters that fit at once, for a K split): one tile a
-// block, so its epilogue overlaps nothing but the next kernel's start; past a wave a block runs its tiles
-// one after another and cuBLASLt's persistent kernels win (twice as fast at 8192 rows, docs/PERF.md
-// "Session 60"). Below a wave the prompt still gains the LayerNorm kernels and the PDL'd boundaries: on
-// an H200, 5 and 6 row tiles of the 16-column-tile set (80 and 96 blocks, 513-768 rows) took the first
-// token -20 to -64 us; 4 of them (64 blocks) lost up to 22 us (docs/PERF.md, "Session 62"). The set of
-// 32 blocks a row tile takes 3-4 row tiles (257-512 rows).
+// Two or more row tiles whose blocks make 2/5 to one wave (of clusters that fit at once, for a K split):
+// one tile a block, so its epilogue overlaps nothing but the next kernel's start; past a wave a block
+// runs its tiles one after another and cuBLASLt's persistent kernels win (twice as fast at 8192 rows,
+// docs/PERF.md "Session 60"). Below a wave the prompt still gains the LayerNorm kernels and the PDL'd
+// boundaries: on an H200, 5 and 6 row tiles of the 16-column-tile set (80 and 96 blocks, 513-768 rows)
+// took the first token -20 to -64 us, 4 of them (64 blocks) lost up to 22 us (docs/PERF.md, "Session
+// 62"); 2 row tiles of the narrowest set (64-128 blocks, 129-256 rows) -29 to -52 us ("Session 63").
+// One row tile is left to gemm_rows and cuBLASLt: there the projections' pairs make a quarter of a
+// wave, so the layer could not fold, and fc alone would change the decode steps of 65-128 rows.
 extern "C" int gemm_tiles_takes(int M, int N, int K) {
-    if (!gemm_tiles_available() || M <= 0 || M > GEMM_TILES_MAX_ROWS) return 0;
+    if (!gemm_tiles_available() || M <= BM || M > GEMM_TILES_MAX_ROWS) return 0;
     const int i = find_shape(M, N, K);
     if (i < 0) return 0;
     const long long b = block_count(i, M), sms = device_attr<cudaDevAttrMultiProcessorCount>(0);
-    return b <= resident(i) && 5 * b >= 3 * sms;
+    return b <= resident(i) && 5 * b >= 2 * sms;
 }
 
 extern "C" int gemm_tiles_parts(int N) {

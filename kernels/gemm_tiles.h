@@ -1,5 +1,5 @@
 // Products of a prompt's many rows on Hopper (bf16): y = epilogue(x W^T + b) for GPT-2 124M's four
-// layer products at 257-1024 rows, where 128-row tiles make 3/5 to one wave of blocks, as one kernel
+// layer products at 129-1024 rows, where 128-row tiles make 2/5 to one wave of blocks, as one kernel
 // that joins the prompt's chain of programmatically dependent launches (kernels/pdl.cuh), which
 // cuBLASLt's kernels cannot, with the LayerNorms folded in, so that no LayerNorm kernel runs between
 // layers:
@@ -9,7 +9,7 @@
 //     half of K each and exchange partial sums, so that each reads x for half of K;
 //   - at 257-512 rows (3-4 row tiles) 32 blocks a row tile: qkv and fc tiles half as wide (BN 72 and
 //     96), and both projections' K split over pairs of blocks that multiply the same 128 x 48 tile
-//     and finish 64 of its rows each;
+//     and finish 64 of its rows each; at 129-256 rows (2 row tiles) qkv and fc tiles 48 wide;
 //   - one producer thread streams 64-wide K slices of W (its first stages before the PDL wait: they
 //     are weights) and x (after it) into a ring of shared-memory stages by TMA; two consumer
 //     warpgroups multiply them on wgmma, 64 rows each;
@@ -47,8 +47,9 @@ extern "C" {
 int gemm_tiles_available(void);
 
 // 1 when gemm_tiles runs this product and should: N x K one of GPT-2 124M's layer products (2304 x
-// 768, 768 x 768, 3072 x 768, 768 x 3072), M rows making 3/5 to one wave of blocks on this device
-// (257-1024 rows on an H100 SXM or H200), for the MLP projection one wave of the pairs that fit at once.
+// 768, 768 x 768, 3072 x 768, 768 x 3072), M rows making two or more row tiles and 2/5 to one wave of
+// blocks on this device (129-1024 rows on an H100 SXM or H200), for a K split one wave of the pairs
+// that fit at once.
 int gemm_tiles_takes(int M, int N, int K);
 
 // The parts a row's statistics come in from a residual product of N columns (gemm_tiles_residual_copy),

@@ -36,11 +36,11 @@
 // LayerNorm inside the product (gemm_rows_ln, ln_in_product below), with beta and the bias folded into b'.
 // Five past layer 0 at 17-64 rows too: there the residual products write a copy of their rows for the
 // next LayerNorm and qkv and fc fold it with the statistics taken beside their MMAs (gemm_rows_fold,
-// ln_folded below). A prompt's 257-1024 rows of GPT-2 124M take gemm_tiles (kernels/gemm_tiles.h) for
+// ln_folded below). A prompt's 129-1024 rows of GPT-2 124M take gemm_tiles (kernels/gemm_tiles.h) for
 // all four products, folded the same way with the statistics' parts from the residual products: no
 // LayerNorm kernel past the embedding's ln1 (time to the first token at 1024 tokens 0.657-0.675 ->
 // 0.595-0.597 ms on an H200, docs/PERF.md "Session 60"; at 768 tokens 0.578-0.586 -> 0.514-0.518, at
-// 512 0.480-0.485 -> 0.422-0.425 since "Session 62").
+// 512 0.480-0.485 -> 0.422-0.425 since "Session 62", at 200 0.394-0.399 -> 0.342-0.348 since "Session 63").
 // Attention stays fused at every size (2.4-3.3x the unfused attention in prefill).
 //
 // The folded vectors (qkv_s/b, fc_s/b, lnf_s/b) are computed at engine creation (ln_fold.cu).
@@ -150,7 +150,7 @@ static int ln_in_product(const GpuState *s, int M, int N) {
 
 // A product of the many-row route: gemm_rows (bf16, a K that fits, on Hopper) where
 // it takes the shape, since it joins the step's PDL chain where cuBLASLt's kernels cannot
-// (docs/PERF.md, "Session 21"; GPT2_GEMM_ROWS=0 turns it off); gemm_tiles for a prompt's 257-1024
+// (docs/PERF.md, "Session 21"; GPT2_GEMM_ROWS=0 turns it off); gemm_tiles for a prompt's 129-1024
 // rows of GPT-2 124M (gemm_tiles.h; GPT2_GEMM_TILES=0 turns it off); else cuBLASLt.
 static int many_rows_product(GpuState *s, MatmulLtEpilogue epi, void *y, long long ldy, const void *x, const void *W,
                              const void *bias, int M, int N, int K, float *scratch, Error *err) {
@@ -234,7 +234,7 @@ static int fused_embedding_writes_ln1(const GpuState *s, const GpuStep *st) {
 // the embedding kernel), ln2 in every layer; s->ln holds the copy, FusedWorkspace the means.
 // On an H200 (124M, decode, against the LayerNorm kernel and gemm_rows): docs/PERF.md, "Session 50".
 // GPT2_LN_FOLD=0 turns it off (to compare routes).
-// A prompt's 257-1024 rows fold through gemm_tiles (its residual products write the statistics'
+// A prompt's 129-1024 rows fold through gemm_tiles (its residual products write the statistics'
 // parts, not only the copy): a 1024-row layer's four products 37.8 against 41.1-41.9 us with
 // cuBLASLt and the LayerNorm kernels on an H200 (docs/PERF.md, "Session 60").
 static int tiles_folded(const GpuState *s, int M) {

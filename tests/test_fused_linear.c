@@ -634,14 +634,15 @@ static void test_fold_refuses(void) {
 
 // The fold through gemm_tiles at a prompt's rows: the attention projection into qkv at 300 rows (32
 // blocks a row tile: the projection's pairs finish half the rows each) and at 513 (the last of 5 row
-// tiles one row deep) on outlier channels with c, the MLP projection into fc at 1024 on offset
-// rows (mean 100) with c, in a graph.
+// tiles one row deep) on outlier channels with c, the MLP projection into fc at 200 (2 row tiles, fc
+// 48 wide) and at 1024 on offset rows (mean 100) with c, in a graph.
 static void test_tiles_fold(int small) {
     if (!gemm_tiles_available()) {
         test_skip("ln fold, gemm_tiles", "gemm_tiles needs an sm_90 device and an sm_90a build");
         return;
     }
     run_fold_case(300, 768, 768, 2304, ACT_NONE, DATA_OUTLIER, 1, 0, 1);
+    run_fold_case(200, 3072, 768, 3072, ACT_GELU, DATA_OFFSET, 1, 1, 1);
     if (small) return;
     run_fold_case(513, 768, 768, 2304, ACT_NONE, DATA_OUTLIER, 1, 0, 1);
     run_fold_case(1024, 3072, 768, 3072, ACT_GELU, DATA_OFFSET, 1, 1, 1);

@@ -697,8 +697,8 @@ int main(void) {
     check_graph_decode(&ml, "long1024", DTYPE_F32, 1, 1024, 900);
     gpt2_model_free(&ml);
     // GPT-2 124M's width (C 768, 12 heads) at a prompt's many rows in bf16: on Hopper the layer products
-    // through gemm_tiles with the LayerNorms folded (257-1024 rows), against the CPU over 1000, 600 and
-    // 400 positions, and a 900-token prompt decoded through the cache to 1024 against one forward.
+    // through gemm_tiles with the LayerNorms folded (129-1024 rows), against the CPU over 1000, 600, 400
+    // and 200 positions, and a 900-token prompt decoded through the cache to 1024 against one forward.
     GPT2Model mw;
     make_model(&mw, (GPT2Config){.max_seq_len = 1024, .vocab_size = 300, .padded_vocab_size = 320, .num_layers = 2,
                                  .num_heads = 12, .channels = 768},
@@ -706,6 +706,7 @@ int main(void) {
     check_against_cpu(&mw, BACKEND_GPU, "gpt2_width", DTYPE_BF16, 3e-2, 1, 1000);
     check_against_cpu(&mw, BACKEND_GPU, "gpt2_width_T600", DTYPE_BF16, 3e-2, 1, 600);
     check_against_cpu(&mw, BACKEND_GPU, "gpt2_width_T400", DTYPE_BF16, 3e-2, 1, 400);
+    check_against_cpu(&mw, BACKEND_GPU, "gpt2_width_T200", DTYPE_BF16, 3e-2, 1, 200);
     check_decode_dt(&mw, BACKEND_GPU, "gpt2_width", 1, 1024, 900, DTYPE_BF16, 3e-2);
     gpt2_model_free(&mw);
     // A bf16 checkpoint: run as bf16 (no conversion) and as fp32 (widened at upload, then exact).

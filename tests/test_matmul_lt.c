@@ -569,20 +569,20 @@ typedef struct {
 } Product;
 
 // Each of GPT-2 124M's four products (test_rows's first four) with the epilogue it runs, at rows that
-// fill 3, 4, 5, 7 and 8 row tiles (the last partly past M at 300, 480, 513, 769 and 1000; at 300, 480
-// and 512 the set of 32 blocks a row tile, whose pairs finish 64 rows each: at 300 the second block's
-// rows all past M, at 480 some), large magnitudes at odd row counts, padded y rows once, a graph
-// replay; then what it refuses and which rows it takes.
+// fill 2, 3, 4, 5, 7 and 8 row tiles (the last partly past M at 200, 300, 480, 513, 769 and 1000; at
+// 200, 256, 300, 480 and 512 the sets whose projections' pairs finish 64 rows each: at 300 the second
+// block's rows all past M, at 200 and 480 some; at 200 and 256 qkv and fc 48 wide), large magnitudes at
+// odd row counts, padded y rows once, a graph replay; then what it refuses and which rows it takes.
 static void test_tiles(void) {
     static const Product shapes[] = {
         {MATMUL_LT_BIAS, 2304, 768}, {MATMUL_LT_BIAS_RESIDUAL, 768, 768},
         {MATMUL_LT_BIAS_GELU, 3072, 768}, {MATMUL_LT_BIAS_RESIDUAL, 768, 3072},
     };
-    const int Ms[] = {769, 1000, 1024, 513, 300, 512, 480};
+    const int Ms[] = {769, 1000, 1024, 513, 300, 512, 480, 200, 256};
     use_tiles = 1;
     for (size_t si = 0; si < 4; si++)
-        for (int mi = 0; mi < 7; mi++) {
-            if (small && mi != 1 && mi != 4) continue;
+        for (int mi = 0; mi < 9; mi++) {
+            if (small && mi != 1 && mi != 4 && mi != 7) continue;
             const int pad = si == 0 && mi == 2 ? 8 : 0;
             Case c = {shapes[si].epilogue, DTYPE_BF16, Ms[mi], shapes[si].N, shapes[si].K, mi % 2, 0, pad};
             run_case(&c, pad ? " ldy 2312" : "");
@@ -592,9 +592,9 @@ static void test_tiles(void) {
     use_tiles = 0;
 
     // A shape or an epilogue of another product, too many rows, a misaligned x or an ldy that breaks
-    // y's 16-byte rows: not supported; no bias: invalid. Taken: the rows whose blocks fill 3/5 to one
-    // wave, in 32 blocks a row tile where those fit in one, else 16 (qkv's blocks are not clusters:
-    // one an SM).
+    // y's 16-byte rows: not supported; no bias: invalid. Taken: two or more row tiles whose blocks fill
+    // 2/5 to one wave, in 48 blocks a row tile where those fit in one, else 32, else 16 (qkv's blocks
+    // are not clusters: one an SM).
     void *base;
     char *d = dev_buf(1 << 24, 0, &base);
     const cudaError_t e[] = {
@@ -607,21 +607,24 @@ static void test_tiles(void) {
     };
     int sms = 0;
     cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-    const int Mt[] = {256, 300, 512, 513, 1024};
+    const int Mt[] = {128, 129, 256, 300, 512, 513, 1024};
     int takes_ok = 1;
-    for (int i = 0; i < 5; i++) {
-        const int row_tiles = (Mt[i] + 127) / 128, blocks = 32 * row_tiles <= sms ? 32 * row_tiles : 16 * row_tiles;
-        takes_ok &= gemm_tiles_takes(Mt[i], 2304, 768) == (blocks <= sms && 5 * blocks >= 3 * sms);
+    char takes[128] = "";
+    for (int i = 0; i < 7; i++) {
+        const int row_tiles = (Mt[i] + 127) / 128,
+                  blocks = 48 * row_tiles <= sms   ? 48 * row_tiles
+                           : 32 * row_tiles <= sms ? 32 * row_tiles
+                                                   : 16 * row_tiles;
+        const int taken = gemm_tiles_takes(Mt[i], 2304, 768);
+        takes_ok &= taken == (row_tiles >= 2 && blocks <= sms && 5 * blocks >= 2 * sms);
+        snprintf(takes + strlen(takes), sizeof takes - strlen(takes), " %d:%d", Mt[i], taken);
     }
     CHECK(e[0] == cudaErrorNotSupported && e[1] == cudaErrorNotSupported && e[2] == cudaErrorNotSupported &&
               e[3] == cudaErrorNotSupported && e[4] == cudaErrorNotSupported && e[5] == cudaErrorInvalidValue &&
               takes_ok && !gemm_tiles_takes(1024, 2304, 1024) &&
               gemm_tiles_parts(768) == 16 && gemm_tiles_parts(2304) == 0,
           "gemm_tiles refuses what it cannot run",
-          "got %d %d %d %d %d %d; at %d/%d/%d/%d/%d rows takes %d %d %d %d %d on %d SMs", e[0], e[1], e[2], e[3], e[4],
-          e[5], Mt[0], Mt[1], Mt[2], Mt[3], Mt[4], gemm_tiles_takes(Mt[0], 2304, 768),
-          gemm_tiles_takes(Mt[1], 2304, 768), gemm_tiles_takes(Mt[2], 2304, 768), gemm_tiles_takes(Mt[3], 2304, 768),
-          gemm_tiles_takes(Mt[4], 2304, 768), sms);
+          "got %d %d %d %d %d %d; rows:taken%s on %d SMs", e[0], e[1], e[2], e[3], e[4], e[5], takes, sms);
     cudaFree(base);
 }
 
