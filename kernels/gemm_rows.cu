@@ -777,13 +777,9 @@ cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x,
 }  // namespace
 
 extern "C" int gemm_rows_available(void) {
-#if GPT2_SM90A
     static int off = -1;
     if (off < 0) off = env_off("GPT2_GEMM_ROWS");
-    return !off && device_is_sm90() && encode_tiled() != NULL;
-#else
-    return 0;
-#endif
+    return !off && tma_wgmma_runs();
 }
 
 // Past 32 rows the engine leaves a product to cuBLASLt where gemm_rows's grid would take more than

@@ -574,13 +574,9 @@ cudaError_t check(MatmulLtEpilogue epilogue, const void *y, long long ldy, const
 }  // namespace
 
 extern "C" int gemm_tiles_available(void) {
-#if GPT2_SM90A
     static int off = -1;
     if (off < 0) off = env_off("GPT2_GEMM_TILES");
-    return !off && device_is_sm90() && encode_tiled() != NULL;
-#else
-    return 0;
-#endif
+    return !off && tma_wgmma_runs();
 }
 
 // Two or more row tiles whose blocks make 2/5 to one wave (of clusters that fit at once, for a K split):

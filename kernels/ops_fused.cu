@@ -53,6 +53,7 @@
 #include "fused_ln_linear.h"
 #include "gemm_rows.h"
 #include "gemm_tiles.h"
+#include "kernel_util.h"  // env_off
 #include "linear_residual.h"
 #include "logits_rows.h"
 #include "reference_kernels.h"
@@ -245,7 +246,7 @@ static int tiles_folded(const GpuState *s, int M) {
 
 static int ln_folded(const GpuState *s, int M) {
     static int off = -1;
-    if (off < 0) off = getenv("GPT2_LN_FOLD") && strcmp(getenv("GPT2_LN_FOLD"), "0") == 0;
+    if (off < 0) off = env_off("GPT2_LN_FOLD");
     const int C = s->C;
     if (!off && tiles_folded(s, M)) return 1;
     return !off && s->dtype == DTYPE_BF16 && M > 0 && !ln_in_product(s, M, 3 * C) && !ln_in_product(s, M, 4 * C) &&

@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernel_util.h"  // device_is_sm90
+
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SM90_ASM(...) __trap()
 #else
@@ -131,6 +133,16 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
         cudaGetLastError();
     }
     return fn;
+}
+
+// Whether the kernels built on TMA and wgmma run here: a build with sm_90a code (GPT2_SM90A, set by the
+// Makefile from CUDA_ARCH), a compute capability 9.0 device and the driver's cuTensorMapEncodeTiled.
+static inline bool tma_wgmma_runs() {
+#if GPT2_SM90A
+    return device_is_sm90() && encode_tiled() != NULL;
+#else
+    return false;
+#endif
 }
 
 // Every map here: bf16, 64-element (128-byte) rows under the 128-byte swizzle that wgmma reads, a
