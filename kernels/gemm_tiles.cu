@@ -586,8 +586,9 @@ extern "C" int gemm_tiles_available(void) {
 // boundaries: on an H200, 5 and 6 row tiles of the 16-column-tile set (80 and 96 blocks, 513-768 rows)
 // took the first token -20 to -64 us, 4 of them (64 blocks) lost up to 22 us (docs/PERF.md, "Session
 // 62"); 2 row tiles of the narrowest set (64-128 blocks, 129-256 rows) -29 to -52 us ("Session 63").
-// One row tile is left to gemm_rows and cuBLASLt: there the projections' pairs make a quarter of a
-// wave, so the layer could not fold, and fc alone would change the decode steps of 65-128 rows.
+// One row tile is left to gemm_rows and cuBLASLt: taken, with the projections' pairs a quarter of a
+// wave, 80-128 tokens lost 20-30 us (2-12 with qkv and fc 32 wide) and decode steps of 96-128 rows 2-4%
+// ("Session 63").
 extern "C" int gemm_tiles_takes(int M, int N, int K) {
     if (!gemm_tiles_available() || M <= BM || M > GEMM_TILES_MAX_ROWS) return 0;
     const int i = find_shape(M, N, K);
