@@ -479,10 +479,10 @@ cudaError_t launch(const Args &a, const void *x, const void *W, long long blocks
 //     (docs/PERF.md, "Session 61");
 //   - 32 blocks a row tile, for 257-512 rows (3-4 row tiles): qkv and fc half as wide, the projections'
 //     K split over pairs that finish half of the rows each (docs/PERF.md, "Session 62"); their stages
-//     about as many as fit, not tuned;
-//   - for 129-256 rows (2 row tiles) qkv and fc 48 wide (48 and 64 blocks a row tile), the projections
-//     the 32-block set's (docs/PERF.md, "Session 63").
-// A row's statistics come in parts of the residual products' BN columns, the same in both sets.
+//     about as many as fit (fewer lost 5-8 us of the first token at 160-300 tokens, "Session 63");
+//   - for 129-256 rows (2 row tiles) qkv and fc 48 wide (48 and 64 blocks a row tile; 6 and 10 stages
+//     measured even with 8), the projections the 32-block set's (docs/PERF.md, "Session 63").
+// A row's statistics come in parts of the residual products' BN columns, the same in every set.
 struct Shape {
     int N, K, BN, ks;
     bool by_rows;
