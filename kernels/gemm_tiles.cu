@@ -472,7 +472,7 @@ cudaError_t launch(const Args &a, const void *x, const void *W, long long blocks
                               dim3(THREADS), L::SMEM, KS, stream, x_map, x_tail_map, w_map, old_map, old_tail_map, a);
 }
 
-// GPT-2 124M's four layer products, each with the epilogue GPT-2 gives it, in two sets of tiles:
+// GPT-2 124M's four layer products, each with the epilogue GPT-2 gives it, in three sets of tiles:
 //   - 16 column tiles (one wave of 128 blocks at 1024 rows, 3/5 of one at 513), stages measured at 1024
 //     rows on an H200; the MLP projection's K split over pairs of blocks (6 stages: the most its inbox
 //     leaves room for) took it 11.9 to 11.1 us there, the attention projection's (K = 768) 5.0 to 5.9
