@@ -41,6 +41,9 @@ __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, cons
     float *out = x + (size_t)row * C;
     T *o = LN ? ln + (size_t)row * C : NULL;
     if constexpr (VEC) {
+        // Every load before the first store: a load after a store waits the store out (the compiler
+        // may not move it above a store it could alias, nor above the loop's exit between them), a
+        // round trip to memory a vector (docs/PERF.md, "Session 65").
         constexpr int V = kVec<T>, NV = kLaneValues / V;
         float v[NV][V], sum = 0.0f;
 #pragma unroll
@@ -52,32 +55,39 @@ __global__ void embedding_kernel(float *__restrict__ x, T *__restrict__ ln, cons
             unpack16(pe + c, e);
 #pragma unroll
             for (int j = 0; j < V; j++) v[i][j] += e[j], sum += v[i][j];
-#pragma unroll
-            for (int j = 0; j < V; j += 4) store_vec(out + c + j, v[i] + j);
         }
-        if constexpr (!LN) return;
-        const float mean = warp_sum(sum) / C;
-        float sq = 0.0f;
+        T n[LN ? NV : 1][V];  // LN: the LayerNorm's values, stored beside x's
+        if constexpr (LN) {
+            const float mean = warp_sum(sum) / C;
+            float sq = 0.0f;
 #pragma unroll
-        for (int i = 0; i < NV; i++) {
-            if ((lane + 32 * i) * V >= C) break;
+            for (int i = 0; i < NV; i++) {
+                if ((lane + 32 * i) * V >= C) break;
 #pragma unroll
-            for (int j = 0; j < V; j++) sq += (v[i][j] - mean) * (v[i][j] - mean);
+                for (int j = 0; j < V; j++) sq += (v[i][j] - mean) * (v[i][j] - mean);
+            }
+            const float rstd = rsqrtf(warp_sum(sq) / C + 1e-5f);
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const int c = (lane + 32 * i) * V;
+                if (c >= C) break;
+                float g[V], b[V];
+#pragma unroll
+                for (int j = 0; j < V; j += 4) {
+                    unpack16(lnw + c + j, g + j);
+                    unpack16(lnb + c + j, b + j);
+                }
+#pragma unroll
+                for (int j = 0; j < V; j++) n[i][j] = from_f32<T>((v[i][j] - mean) * rstd * g[j] + b[j]);
+            }
         }
-        const float rstd = rsqrtf(warp_sum(sq) / C + 1e-5f);
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const int c = (lane + 32 * i) * V;
             if (c >= C) break;
-            float g[V], b[V];
 #pragma unroll
-            for (int j = 0; j < V; j += 4) {
-                unpack16(lnw + c + j, g + j);
-                unpack16(lnb + c + j, b + j);
-            }
-#pragma unroll
-            for (int j = 0; j < V; j++) g[j] = (v[i][j] - mean) * rstd * g[j] + b[j];
-            store_vec(o + c, g);
+            for (int j = 0; j < V; j += 4) store_vec(out + c + j, v[i] + j);
+            if constexpr (LN) *reinterpret_cast<uint4 *>(o + c) = *reinterpret_cast<const uint4 *>(n[i]);
         }
     } else {
         float sum = 0.0f;
