@@ -10,10 +10,11 @@
 // lnf -> logits (W = wte, b' = wte . beta, fp32 logits).
 //
 // Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
-//   bf16 W and y, plain output, M <= 64, K a multiple of 64 up to 1024, on Hopper (sm_90a build):
-//             gemm_rows_ln (gemm_rows.h), the rows normalised by each block (exact statistics of
-//             whole rows: each lane's two passes, merged by Chan's rule) into the tile its wgmmas
-//             read, W's tile loaded by TMA before the PDL wait (past 32 rows after the rows' loads);
+//   bf16 W and y, plain output, M <= 64, K a multiple of 64 up to 1280 where the tiles fit
+//             (gemm_rows_ln_takes), on Hopper (sm_90a build): gemm_rows_ln (gemm_rows.h), the rows
+//             normalised by each block (exact statistics of whole rows: each lane's two passes,
+//             merged by Chan's rule) into the tile its wgmmas read, W's tile loaded by TMA before
+//             the PDL wait (past 32 rows after the rows' loads);
 //             otherwise:
 //   M <= 16   GEMV: W read once with 16-byte loads over all SMs; each block stages its rows of x
 //             in shared memory as gamma (x - c), each warp takes exact two-pass statistics of whole

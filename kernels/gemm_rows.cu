@@ -83,15 +83,19 @@ struct LnIn {
     int w_after_x;
 };
 
-// gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6 or 8: rows
-// of K <= 128 VPL, so K <= 1024).
-constexpr int LN_MAX_K = 1024;
+// gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6, 8 or 10:
+// rows of K <= 128 VPL, so K <= 1280, GPT-2 774M's C). gemm_rows_fold holds its statistics' rows the
+// same way to K = 1024: its 32-row tile at 774M's K needs 246 KB of shared memory.
+constexpr int LN_MAX_K = 1280, FOLD_MAX_K = 1024;
 constexpr float LN_EPS = 1e-5f;
-constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : 8; }
+constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : K <= 1024 ? 8 : 10; }
 
-// f(std::integral_constant<int, VPL>) for K's VPL: the one place the run-time K picks an
+// f(std::integral_constant<int, VPL>) for K's VPL, K <= MAX_K: the one place the run-time K picks an
 // instantiation.
-template <typename F> auto with_vpl(int K, F &&f) {
+template <int MAX_K, typename F> auto with_vpl(int K, F &&f) {
+    static_assert(MAX_K <= LN_MAX_K, "a lane holds at most 10 float4s of a row");
+    if constexpr (MAX_K > 1024)
+        if (ln_vpl(K) == 10) return f(std::integral_constant<int, 10>{});
     switch (ln_vpl(K)) {
     case 2: return f(std::integral_constant<int, 2>{});
     case 6: return f(std::integral_constant<int, 6>{});
@@ -736,7 +740,8 @@ cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W
 
 template <int EPI>
 cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
-    return with_vpl(K, [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, out, ln, W, M, N, K, stream); });
+    return with_vpl<LN_MAX_K>(
+        K, [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, out, ln, W, M, N, K, stream); });
 }
 
 // gemm_rows_fold's tile and cluster: 32 rows a block (64 lost 14-25% at 64 rows), and clusters of 8
@@ -758,7 +763,7 @@ template <int VPL> int fold_cluster_vpl(int M, int N, int K) {
 }
 
 int fold_cluster(int M, int N, int K) {
-    return with_vpl(K, [&](auto vpl) { return fold_cluster_vpl<vpl.value>(M, N, K); });
+    return with_vpl<FOLD_MAX_K>(K, [&](auto vpl) { return fold_cluster_vpl<vpl.value>(M, N, K); });
 }
 
 template <int EPI, int VPL>
@@ -771,7 +776,8 @@ cudaError_t launch_fold_vpl(int cn, const Out &out, const void *copy, const LnIn
 template <int EPI>
 cudaError_t launch_fold(int cn, const Out &out, const void *copy, const LnIn &x, const void *W, int M, int N, int K,
                         cudaStream_t stream) {
-    return with_vpl(K, [&](auto vpl) { return launch_fold_vpl<EPI, vpl.value>(cn, out, copy, x, W, M, N, K, stream); });
+    return with_vpl<FOLD_MAX_K>(
+        K, [&](auto vpl) { return launch_fold_vpl<EPI, vpl.value>(cn, out, copy, x, W, M, N, K, stream); });
 }
 
 }  // namespace
@@ -866,7 +872,7 @@ extern "C" cudaError_t gemm_rows_residual_copy(float *y, long long ldy, const vo
 
 extern "C" int gemm_rows_fold_takes(int M, int N, int K) {
     return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_FOLD_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
-           K <= LN_MAX_K && fold_fits(K) && fold_cluster(M, N, K) > 0;
+           K <= FOLD_MAX_K && fold_fits(K) && fold_cluster(M, N, K) > 0;
 }
 
 extern "C" cudaError_t gemm_rows_fold(MatmulLtEpilogue epilogue, void *y, long long ldy, const GemmRowsFold *in,

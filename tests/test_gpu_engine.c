@@ -657,11 +657,13 @@ int main(void) {
         if (i == 0) check_trace(&m), check_errors(&m);
         gpt2_model_free(&m);
     }
-    // Layers of GPT-2 medium (C 1024, NH 16), XL (C 1600, NH 25) and wider against the CPU; a long context
-    // (1024 positions) decoded through the cache.
+    // Layers of GPT-2 medium (C 1024, NH 16), large (C 1280, NH 20), XL (C 1600, NH 25) and wider against
+    // the CPU; a long context (1024 positions) decoded through the cache.
     Shape big[] = {
         {"medium_layer", {.max_seq_len = 48, .vocab_size = 600, .padded_vocab_size = 640, .num_layers = 2,
                           .num_heads = 16, .channels = 1024}},
+        {"large_layer", {.max_seq_len = 24, .vocab_size = 500, .padded_vocab_size = 512, .num_layers = 1,
+                         .num_heads = 20, .channels = 1280}},
         {"xl_layer", {.max_seq_len = 32, .vocab_size = 1000, .padded_vocab_size = 1024, .num_layers = 1,
                       .num_heads = 25, .channels = 1600}},
         // Wider than any GPT-2 (C 2304): the embedding kernel's LayerNorm on its strided path, past the
@@ -676,7 +678,8 @@ int main(void) {
             check_against_cpu(&m, be, big[i].name, DTYPE_F32, 1e-5, 2, big[i].config.max_seq_len);
             check_decode(&m, be, big[i].name, 2, big[i].config.max_seq_len, 5);
             // One sequence, both dtypes, at GPT-2's head size and widths: fp32 through the decode GEMVs;
-            // bf16 on Hopper through gemm_rows_ln (medium: K = 1024, a cluster of 4) and logits_rows.
+            // bf16 on Hopper through gemm_rows_ln (medium: K = 1024, a cluster of 4; large: K = 1280,
+            // ten float4s of a row a lane) and logits_rows.
             check_decode(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5);
             check_decode_dt(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         }
