@@ -10,7 +10,7 @@
 // lnf -> logits (W = wte, b' = wte . beta, fp32 logits).
 //
 // Kernels (kernels/linear_kernels.cuh), picked per call by M (measured routing: docs/PERF.md):
-//   bf16 W and y, plain output, M <= 64, K a multiple of 64 up to 1664 where the tiles fit
+//   bf16 W and y, plain output, M <= 64, K a multiple of 64 up to 1280 where the tiles fit
 //             (gemm_rows_ln_takes), on Hopper (sm_90a build): gemm_rows_ln (gemm_rows.h), the rows
 //             normalised by each block (exact statistics of whole rows: each lane's two passes,
 //             merged by Chan's rule) into the tile its wgmmas read, W's tile loaded by TMA before

@@ -83,19 +83,17 @@ struct LnIn {
     int w_after_x;
 };
 
-// gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6, 8, 10 or
-// 13: rows of K <= 128 VPL, so K <= 1664, past GPT-2 1558M's C of 1600). gemm_rows_fold holds its
-// statistics' rows the same way to K = 1024: its 32-row tile at 774M's K needs 246 KB of shared memory.
-constexpr int LN_MAX_K = 1664, FOLD_MAX_K = 1024;
+// gemm_rows_ln: a lane holds float4 i of a row at k = 4 (32 i + lane), VPL of them (2, 6, 8 or 10:
+// rows of K <= 128 VPL, so K <= 1280, GPT-2 774M's C). gemm_rows_fold holds its statistics' rows the
+// same way to K = 1024: its 32-row tile at 774M's K needs 246 KB of shared memory.
+constexpr int LN_MAX_K = 1280, FOLD_MAX_K = 1024;
 constexpr float LN_EPS = 1e-5f;
-constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : K <= 1024 ? 8 : K <= 1280 ? 10 : 13; }
+constexpr int ln_vpl(int K) { return K <= 256 ? 2 : K <= 768 ? 6 : K <= 1024 ? 8 : 10; }
 
 // f(std::integral_constant<int, VPL>) for K's VPL, K <= MAX_K: the one place the run-time K picks an
 // instantiation.
 template <int MAX_K, typename F> auto with_vpl(int K, F &&f) {
-    static_assert(MAX_K <= LN_MAX_K, "a lane holds at most 13 float4s of a row");
-    if constexpr (MAX_K > 1280)
-        if (ln_vpl(K) == 13) return f(std::integral_constant<int, 13>{});
+    static_assert(MAX_K <= LN_MAX_K, "a lane holds at most 10 float4s of a row");
     if constexpr (MAX_K > 1024)
         if (ln_vpl(K) == 10) return f(std::integral_constant<int, 10>{});
     switch (ln_vpl(K)) {
@@ -218,17 +216,13 @@ __device__ __forceinline__ void row_stats(const float4 (&v)[RR][VPL], float (&me
 // before the wait), or whole 16-byte chunks after a lane-pair shuffle, cut the pushes to an eighth
 // or a half: the kernel alone was even, batch 1-16 decode lost 1-3% (docs/PERF.md, "Session 56").
 
-// With K split over blocks (CN = 1) a block takes whole rows for their statistics and stores only its
-// part of K, slices [s0, s0 + per), into its tile's slices 0.. (s0 = 0 and per = every slice otherwise).
 // after_loads() is called once, as soon as the warp's first round of loads is issued.
 template <int RB, int VPL, int CN, typename AfterLoads>
 __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *bar, const LnIn &in,
                                               const float4 (&g)[VPL], const RowTree &tree, int r0, int M, int K,
-                                              int s0, int per, int rank, int warp, int lane, AfterLoads after_loads) {
+                                              int rank, int warp, int lane, AfterLoads after_loads) {
     constexpr int RBB = RB / CN;  // the tile's rows this block stages: rank RBB..
-    // Rows a warp, and a round: up to 4, 2 of 13 float4s a lane (4 spilled ~600 bytes at 32 rows)
-    constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR_MOST = VPL > 10 ? 2 : 4;
-    constexpr int RR = RPW < RR_MOST ? RPW : RR_MOST;
+    constexpr int RPW = RBB > LN_WARPS ? RBB / LN_WARPS : 1, RR = RPW < 4 ? RPW : 4;  // rows a warp, a round
     if (warp * RPW >= RBB) return after_loads();
     uint32_t tile_in[CN], bar_in[CN];  // CN > 1: x_tiles and bar in each block (shared::cluster addresses)
 #pragma unroll
@@ -238,7 +232,7 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
     }
     const int nq = K / 4;  // float4s a row
     // Lane's float4 i lands in k slice 2 i + lane / 16, 16-byte chunk (lane % 16) / 2, half lane % 2.
-    unsigned char *lane_at = x_tiles + (lane & 1) * 8;
+    unsigned char *lane_at = x_tiles + (lane / 16) * RB * BK * 2 + (lane & 1) * 8;
     const int chunk = (lane % 16) / 2;
 #pragma unroll 1
     for (int rr = 0; rr < RPW; rr += RR) {
@@ -259,9 +253,8 @@ __device__ __forceinline__ void stage_ln_rows(unsigned char *x_tiles, uint64_t *
                 const __nv_bfloat162 hi = __floats2bfloat162_rn(gi.z * fmaf(x.z, r, sh), gi.w * fmaf(x.w, r, sh));
                 const uint2 v2 =
                     make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
-                const int slice = 2 * i + lane / 16 - s0;  // in this block's part of K
-                if (32 * i + lane < nq && slice >= 0 && slice < per) {
-                    unsigned char *to = at + (size_t)slice * RB * BK * 2;
+                unsigned char *to = at + (size_t)i * 2 * RB * BK * 2;
+                if (32 * i + lane < nq) {
                     *reinterpret_cast<uint2 *>(to) = v2;
 #pragma unroll
                     for (int q = 0; q < CN; q++)
@@ -348,9 +341,8 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     typedef typename std::conditional<residual || EPI == MATMUL_LT_NONE, float, bf16>::type YT;
     typedef typename std::conditional<LN || FOLD, float, YT>::type BT;  // the bias's type
     constexpr bool split = KS > 1;
-    static_assert(SRC == SRC_X || ((!split || (SRC == SRC_LN && CN == 1)) &&
-                                   (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)),
-                  "gemm_rows_ln's and gemm_rows_fold's cases (gemm_rows_ln's K split without a column cluster)");
+    static_assert(SRC == SRC_X || (!split && (EPI == MATMUL_LT_BIAS || EPI == MATMUL_LT_BIAS_GELU)),
+                  "gemm_rows_ln's and gemm_rows_fold's cases");
     static_assert(CN == 1 || SRC != SRC_X, "a cluster along the columns shares gemm_rows_ln's staging only");
     constexpr int J = RB / 8, CW = BF / KS;  // CW: split, the columns of the tile this block finishes
     constexpr int NV = split ? RB * CW / THREADS : RB / 2;  // the values a thread finishes
@@ -418,18 +410,14 @@ __global__ void __launch_bounds__(SRC != SRC_X ? LN_THREADS : THREADS, 1)
     pdl_wait();
 
     if constexpr (LN && CN == 1) {
-        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, tree, r0, M, K, s0, per, 0, warp, lane,
-                                  load_w_after_x);
+        stage_ln_rows<RB, VPL, 1>(x_tiles, x_full, ln, gamma, tree, r0, M, K, 0, warp, lane, load_w_after_x);
         fence_proxy_async_smem();  // the generic proxy's stores, before the wgmmas read them
         __syncthreads();
-        if (warp >= THREADS / 32) {  // the second warpgroup only stages
-            if constexpr (split) cluster_wait();  // as every thread of the cluster that arrived
-            return;
-        }
+        if (warp >= THREADS / 32) return;  // the second warpgroup only stages
     } else if constexpr (LN) {  // each block of the cluster stages RB / CN rows into every block's tile
         cluster_wait();         // every block has started
-        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, tree, r0, M, K, 0, per, (int)(blockIdx.x % CN),
-                                    warp, lane, load_w_after_x);
+        stage_ln_rows<RB, VPL, CN>(x_tiles, x_full, ln, gamma, tree, r0, M, K, (int)(blockIdx.x % CN), warp,
+                                    lane, load_w_after_x);
         // x_full's phase: every thread's arrival (release: its own rows' plain stores) and the other
         // ranks' rows, RB / CN of K bf16 each, by their bytes.
         if (tid == 0) mbar_arrive_expect_tx(x_full, (CN - 1) * (RB / CN) * K * (uint32_t)sizeof(bf16));
@@ -692,14 +680,6 @@ int pick_rows(int M, int N, int K) {
 // gemm_rows_ln's rows a block: 16, or 32 past 16 rows (four rows a warp of the two warpgroups).
 int pick_ln_rows(int M) { return M <= 16 ? 16 : 32; }
 
-// gemm_rows_ln's K: whole where the W and x tiles fit, else over a cluster of 2 blocks (GPT-2 1558M's
-// 1600 at 16 rows: 251 KB whole, 139 KB in halves), each taking whole rows for their statistics and
-// staging its half; 0 where neither fits. The columns then share no staging (no cluster along them).
-int pick_ln_split(int M, int K) {
-    const int rb = pick_ln_rows(M);
-    return fits(K, rb, 1) ? 1 : fits(K, rb, 2) ? 2 : 0;
-}
-
 // gemm_rows_ln's W before the PDL wait, or after the block's loads of x: after past 32 rows. There
 // the grid has two row tiles (each W tile read by two blocks) over 96-128 of the SMs, so a call's
 // blocks become resident mostly as the previous kernel's leave and W's copy, issued first, only
@@ -752,20 +732,16 @@ cudaError_t launch_ln_cn(const Out &out, const LnIn &ln, const void *W, int M, i
 }
 
 template <int EPI, int VPL>
-cudaError_t launch_ln_rows(int rb, int ks, const Out &out, const LnIn &ln, const void *W, int M, int N, int K,
+cudaError_t launch_ln_rows(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K,
                            cudaStream_t stream) {
-    if (ks == 2)
-        return rb == 16 ? launch<16, EPI, 2, SRC_LN, VPL, 1>(out, NULL, ln, W, M, N, K, stream)
-                        : launch<32, EPI, 2, SRC_LN, VPL, 1>(out, NULL, ln, W, M, N, K, stream);
     return rb == 16 ? launch_ln_cn<EPI, VPL, 16>(out, ln, W, M, N, K, stream)
                     : launch_ln_cn<EPI, VPL, 32>(out, ln, W, M, N, K, stream);
 }
 
 template <int EPI>
-cudaError_t launch_ln(int rb, int ks, const Out &out, const LnIn &ln, const void *W, int M, int N, int K,
-                      cudaStream_t stream) {
+cudaError_t launch_ln(int rb, const Out &out, const LnIn &ln, const void *W, int M, int N, int K, cudaStream_t stream) {
     return with_vpl<LN_MAX_K>(
-        K, [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, ks, out, ln, W, M, N, K, stream); });
+        K, [&](auto vpl) { return launch_ln_rows<EPI, vpl.value>(rb, out, ln, W, M, N, K, stream); });
 }
 
 // gemm_rows_fold's tile and cluster: 32 rows a block (64 lost 14-25% at 64 rows), and clusters of 8
@@ -865,7 +841,7 @@ extern "C" cudaError_t gemm_rows(MatmulLtEpilogue epilogue, void *y, long long l
 
 extern "C" int gemm_rows_ln_takes(int M, int N, int K) {
     return gemm_rows_available() && M >= 0 && M <= GEMM_ROWS_LN_MAX_ROWS && N > 0 && K > 0 && K % BK == 0 &&
-           K <= LN_MAX_K && pick_ln_split(M, K) > 0;
+           K <= LN_MAX_K && fits(K, pick_ln_rows(M), 1);
 }
 
 extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, const float *x, long long ldx,
@@ -880,9 +856,9 @@ extern "C" cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long lon
     Out out = {};
     out.y = y, out.ldy = ldy, out.bias = b_folded;
     const LnIn ln = {x, ldx, gamma, pick_w_after_x(M)};
-    const int rb = pick_ln_rows(M), ks = pick_ln_split(M, K);
-    return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, ks, out, ln, W, M, N, K, stream)
-                                      : launch_ln<MATMUL_LT_BIAS_GELU>(rb, ks, out, ln, W, M, N, K, stream);
+    const int rb = pick_ln_rows(M);
+    return epilogue == MATMUL_LT_BIAS ? launch_ln<MATMUL_LT_BIAS>(rb, out, ln, W, M, N, K, stream)
+                                      : launch_ln<MATMUL_LT_BIAS_GELU>(rb, out, ln, W, M, N, K, stream);
 }
 
 // ----------------------------------------------------------------------------

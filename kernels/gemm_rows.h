@@ -75,10 +75,9 @@ cudaError_t gemm_rows_ex(MatmulLtEpilogue epilogue, void *y, long long ldy, cons
 //   gamma     fp32 [K]; beta enters through the bias:
 //   b_folded  fp32 [N] = W beta + b (ln_fold.cu's vectors, the GEMV's), or NULL (no beta, no bias)
 //   y         bf16 [M, N], rows ldy apart; epilogue MATMUL_LT_BIAS or MATMUL_LT_BIAS_GELU
-// Takes 0 <= M <= GEMM_ROWS_LN_MAX_ROWS, K a multiple of 64 up to 1664 (a lane holds up to thirteen
-// float4s of a row: every GPT-2's C) whose W tile and x tiles fit whole, or in halves of K over a
-// cluster of 2 blocks, each block taking whole rows for the statistics (gemm_rows_ln_takes; 1558M's
-// K = 1600 splits). Returns as gemm_rows.
+// Takes 0 <= M <= GEMM_ROWS_LN_MAX_ROWS, K a multiple of 64 up to 1280 (a lane holds ten float4s of a
+// row: GPT-2 124M's, 355M's and 774M's C) whose W tile and x tiles fit whole (gemm_rows_ln_takes: at
+// K = 1280, 16 rows a block, so 1-16 rows). Returns as gemm_rows.
 #define GEMM_ROWS_LN_MAX_ROWS 64
 int gemm_rows_ln_takes(int M, int N, int K);
 cudaError_t gemm_rows_ln(MatmulLtEpilogue epilogue, void *y, long long ldy, const float *x, long long ldx,

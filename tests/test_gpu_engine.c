@@ -679,7 +679,7 @@ int main(void) {
             check_decode(&m, be, big[i].name, 2, big[i].config.max_seq_len, 5);
             // One sequence, both dtypes, at GPT-2's head size and widths: fp32 through the decode GEMVs;
             // bf16 on Hopper through gemm_rows_ln (medium: K = 1024, a cluster of 4; large: K = 1280,
-            // ten float4s of a row a lane; XL: K = 1600 over a cluster of 2) and logits_rows.
+            // ten float4s of a row a lane) and logits_rows.
             check_decode(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5);
             check_decode_dt(&m, be, big[i].name, 1, big[i].config.max_seq_len, 5, DTYPE_BF16, 3e-2);
         }
